@@ -1,0 +1,46 @@
+"""Per-step LoRA segment metadata, built once from per-token adapter slots and shared by every layer.
+
+Worked example: token slots `[2, 2, 2, -1, -1, 0, 0, 0, 0]` (the engine orders a batch's sequences by
+slot, so tokens of one adapter are contiguous) give three segments:
+`seg_indptr = [0, 3, 5, 9]`, `slot_ids = [2, -1, 0]`. Slot -1 means "no adapter"; kernels skip it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LoRABatchMeta:
+    """Segments of a step's tokens: `seg_indptr[i]:seg_indptr[i+1]` all use adapter slot `slot_ids[i]`.
+
+    seg_indptr: [num_segments + 1] int64, on the compute device.
+    slot_ids: [num_segments] int64, on the compute device.
+    token_slots: [num_tokens] int64, the per-token slot (for BGMV-style decode kernels).
+    segments: the same segments as Python `(start, end, slot)` tuples, slot >= 0 only (CPU loops).
+    """
+
+    seg_indptr: torch.Tensor
+    slot_ids: torch.Tensor
+    token_slots: torch.Tensor
+    segments: tuple[tuple[int, int, int], ...]
+
+    @property
+    def active_slots(self) -> frozenset[int]:
+        return frozenset(slot for _, _, slot in self.segments)
+
+    @staticmethod
+    def from_token_slots(token_slots: list[int], device: torch.device | str = "cpu") -> LoRABatchMeta:
+        """Maximal runs of equal consecutive slots become segments."""
+        starts = [i for i, s in enumerate(token_slots) if i == 0 or s != token_slots[i - 1]]
+        bounds = [*starts, len(token_slots)]
+        slots = [token_slots[i] for i in starts]
+        segments = tuple((bounds[i], bounds[i + 1], slot) for i, slot in enumerate(slots) if slot >= 0)
+        return LoRABatchMeta(
+            seg_indptr=torch.tensor(bounds, dtype=torch.int64, device=device),
+            slot_ids=torch.tensor(slots, dtype=torch.int64, device=device),
+            token_slots=torch.tensor(token_slots, dtype=torch.int64, device=device),
+            segments=segments,
+        )

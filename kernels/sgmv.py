@@ -1,0 +1,73 @@
+"""Segmented gather matrix-vector (SGMV) LoRA kernels, Punica-style: many adapters in one batch.
+
+Tokens of a step are grouped into segments, one adapter slot per segment (slot -1: no adapter).
+A LoRA-wrapped projection computes `y += scale * (x @ A[slot]^T) @ B[slot]^T` per segment in two launches:
+`sgmv_shrink` (x → v, width = rank) then `sgmv_expand` (v → y, possibly into a column slice of a fused
+qkv / gate-up output). Adapter weights are stacked per layer and slot, padded to the largest rank; an
+optional rank table lets a backend skip the padding. The backend follows the tensors' device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
+
+
+def sgmv_shrink(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    slot_ids: torch.Tensor,
+    layer: int,
+    scale: torch.Tensor,
+    ranks: torch.Tensor | None = None,
+) -> None:
+    """Shrink: project each segment's inputs onto its adapter's A, scaled.
+
+    Semantics:
+        for i with slot_ids[i] >= 0, s = seg_indptr:
+            y[s[i]:s[i+1], :r] += scale[slot_ids[i]] * x[s[i]:s[i+1]] @ lora_a[layer, slot_ids[i], :r].T
+        where r = ranks[slot_ids[i]] (or R). Rows of segments with slot -1 are left as they are.
+
+    Args:
+        y: Shape `[T, R]`. Output, updated in place (callers zero it first).
+        x: Shape `[T, H_in]`. Input activations, segments contiguous.
+        lora_a: Shape `[L, S, R, H_in]`. Stacked A weights per layer and slot, zero-padded to rank R.
+        seg_indptr: Shape `[num_segments + 1]`, int64. Segment boundaries into the token dimension.
+        slot_ids: Shape `[num_segments]`, int64. Adapter slot of each segment; -1 = no adapter.
+        layer: Layer index into `lora_a`.
+        scale: Shape `[S]`. Per-slot LoRA scaling (alpha / r, or alpha / sqrt(r) with rsLoRA).
+        ranks: Shape `[S]`, int64, optional. True rank per slot (0 = this module is not adapted).
+    """
+    sgmv_shrink_torch(y, x, lora_a, seg_indptr, slot_ids, layer, scale, ranks)
+
+
+def sgmv_expand(
+    y: torch.Tensor,
+    v: torch.Tensor,
+    lora_b: torch.Tensor,
+    seg_indptr: torch.Tensor,
+    slot_ids: torch.Tensor,
+    layer: int,
+    y_offset: int = 0,
+    ranks: torch.Tensor | None = None,
+) -> None:
+    """Expand: add each segment's rank-space activations times its adapter's B into a column slice of y.
+
+    Semantics:
+        for i with slot_ids[i] >= 0, s = seg_indptr, o = y_offset, N = lora_b.shape[2]:
+            y[s[i]:s[i+1], o:o+N] += v[s[i]:s[i+1], :r] @ lora_b[layer, slot_ids[i], :, :r].T
+
+    Args:
+        y: Shape `[T, H_out_total]`. Output, updated in place (e.g. the fused qkv projection output).
+        v: Shape `[T, R]`. The shrink output (already scaled).
+        lora_b: Shape `[L, S, N, R]`. Stacked B weights per layer and slot, zero-padded to rank R.
+        seg_indptr: Shape `[num_segments + 1]`, int64. Segment boundaries.
+        slot_ids: Shape `[num_segments]`, int64. Adapter slot of each segment; -1 = no adapter.
+        layer: Layer index into `lora_b`.
+        y_offset: First column of the slice of `y` this projection writes (q/k/v or gate/up part).
+        ranks: Shape `[S]`, int64, optional. True rank per slot (0 = not adapted).
+    """
+    sgmv_expand_torch(y, v, lora_b, seg_indptr, slot_ids, layer, y_offset, ranks)

@@ -1,0 +1,1 @@
+"""loragate: shared, torch-free core (CLI, block hashing, cross-process types)."""

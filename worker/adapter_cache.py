@@ -1,0 +1,145 @@
+"""Where adapters live: a fixed number of device slots (LRU), a byte-bounded host tier, and disk.
+
+The cache *decides* and the caller *acts*: `plan(needed)` says which resident adapters to evict and which
+to load into which slot (evictions first, least recently used, never one that is needed this step);
+`apply(plan)` copies host weights into the stacked slot buffers that the SGMV kernels read. Host misses
+read the adapter from disk (`worker.lora.load_adapter`), which also validates it against the base model.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from worker.config import ModelConfig
+from worker.lora import AdapterError, LoRAWeights, load_adapter
+
+
+@dataclass
+class LoRAStack:
+    """One target module's weights for every slot: what `sgmv_shrink` / `sgmv_expand` read."""
+
+    a: torch.Tensor  # [L, S, R, in]
+    b: torch.Tensor  # [L, S, out, R]
+    ranks: torch.Tensor  # [S] int64, 0 = slot empty or module not adapted
+    scale: torch.Tensor  # [S] float32
+
+
+@dataclass(frozen=True)
+class AdapterPlan:
+    evict: tuple[tuple[str, int], ...]
+    load: tuple[tuple[str, int], ...]
+
+
+class AdapterCache:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_slots: int,
+        max_rank: int,
+        host_bytes: int,
+        dtype: torch.dtype,
+        device: str,
+    ):
+        self.cfg, self.num_slots, self.max_rank = cfg, num_slots, max_rank
+        self.host_bytes, self.dtype, self.device = host_bytes, dtype, device
+        self.paths: dict[str, Path] = {}
+        self.host: OrderedDict[str, LoRAWeights] = OrderedDict()
+        self.device_lru: OrderedDict[str, int] = OrderedDict()  # name -> slot, oldest first
+        self.stacks = {
+            module: LoRAStack(
+                a=torch.zeros(cfg.num_layers, num_slots, max_rank, fan_in, dtype=dtype, device=device),
+                b=torch.zeros(cfg.num_layers, num_slots, fan_out, max_rank, dtype=dtype, device=device),
+                ranks=torch.zeros(num_slots, dtype=torch.int64),
+                scale=torch.zeros(num_slots, dtype=torch.float32),
+            )
+            for module, (fan_in, fan_out) in cfg.module_shapes().items()
+        }
+        self.disk_reads = 0  # host-tier misses: adapter read from disk
+        self.device_loads = 0  # slot writes: adapter copied from host into a device slot
+
+    # -- registry -------------------------------------------------------------------------------
+    def register(self, name: str, path: Path) -> None:
+        if not path.is_dir():
+            raise AdapterError(f"adapter {name!r}: {path} is not a directory")
+        self.paths[name] = path
+
+    def known(self, name: str) -> bool:
+        return name in self.paths
+
+    # -- tiers ----------------------------------------------------------------------------------
+    def tier(self, name: str) -> str:
+        if name in self.device_lru:
+            return "device"
+        return "host" if name in self.host else "disk"
+
+    def ensure_host(self, name: str) -> LoRAWeights:
+        """The adapter's weights in host memory, read (and validated) from disk on a miss."""
+        if name in self.host:
+            self.host.move_to_end(name)
+            return self.host[name]
+        if name not in self.paths:
+            raise AdapterError(f"unknown adapter {name!r}")
+        weights = load_adapter(name, self.paths[name], self.cfg, self.dtype)
+        if weights.rank > self.max_rank:
+            raise AdapterError(f"adapter {name!r} has rank {weights.rank} > max_lora_rank {self.max_rank}")
+        self.disk_reads += 1
+        self.host[name] = weights
+        while sum(w.nbytes for w in self.host.values()) > self.host_bytes and len(self.host) > 1:
+            self.host.popitem(last=False)
+        return weights
+
+    # -- device slots ---------------------------------------------------------------------------
+    def plan(self, needed: Iterable[str]) -> AdapterPlan:
+        wanted = list(dict.fromkeys(needed))
+        if len(wanted) > self.num_slots:
+            raise ValueError(f"{len(wanted)} adapters needed in one step but only {self.num_slots} slots")
+        missing = [n for n in wanted if n not in self.device_lru]
+        free = sorted(set(range(self.num_slots)) - set(self.device_lru.values()))
+        evict: list[tuple[str, int]] = []
+        victims = (n for n in self.device_lru if n not in wanted)
+        while len(free) < len(missing):
+            victim = next(victims)
+            evict.append((victim, self.device_lru[victim]))
+            free.append(self.device_lru[victim])
+        return AdapterPlan(evict=tuple(evict), load=tuple(zip(missing, free, strict=False)))
+
+    def apply(self, plan: AdapterPlan) -> None:
+        for name, slot in plan.evict:
+            del self.device_lru[name]
+            for stack in self.stacks.values():
+                stack.ranks[slot] = 0
+        for name, slot in plan.load:
+            self.device_loads += 1
+            self._write_slot(self.ensure_host(name), slot)
+            self.device_lru[name] = slot
+
+    def acquire(self, needed: Iterable[str]) -> dict[str, int]:
+        """Make every needed adapter device-resident; returns name -> slot and refreshes their LRU age."""
+        wanted = list(dict.fromkeys(needed))
+        self.apply(self.plan(wanted))
+        for name in wanted:
+            self.device_lru.move_to_end(name)
+        return {name: self.device_lru[name] for name in wanted}
+
+    def active_modules(self, slots: Iterable[int]) -> frozenset[str]:
+        slot_list = list(slots)
+        return frozenset(m for m, st in self.stacks.items() if any(int(st.ranks[s]) > 0 for s in slot_list))
+
+    def _write_slot(self, weights: LoRAWeights, slot: int) -> None:
+        for module, stack in self.stacks.items():
+            stack.a[:, slot].zero_()
+            stack.b[:, slot].zero_()
+            lora = weights.modules.get(module)
+            if lora is None:
+                stack.ranks[slot] = 0
+                continue
+            r = lora.rank
+            stack.a[:, slot, :r] = lora.a.to(self.device)
+            stack.b[:, slot, :, :r] = lora.b.to(self.device)
+            stack.ranks[slot] = r
+            stack.scale[slot] = lora.scale

@@ -1,0 +1,241 @@
+"""The engine: one loop of schedule → forward (paged KV, many adapters) → sample → postprocess.
+
+A worker service drives it step by step (`add_request`, `step`, `abort`); `generate` runs a list of
+requests offline to completion. Everything a request can get wrong — unknown adapter, a prompt too long
+for the context or the KV pool, token ids outside the vocabulary — fails in `add_request`, never mid-step.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from loragate.types import FinishReason, Request, RequestOutput
+from worker.adapter_cache import AdapterCache
+from worker.batch import build_forward_batch
+from worker.block_manager import BlockManager
+from worker.config import EngineConfig, ModelLoadError, load_model_config
+from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
+from worker.kv_cache import KVCache, bytes_per_block
+from worker.loader import load_weights
+from worker.model import LoRAContext, ModelRunner
+from worker.sampler import Sampler
+from worker.scheduler import Scheduler, SchedulerConfig
+from worker.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class _Tracked:
+    seq: Sequence
+    detok: DetokenizerState
+    generator: torch.Generator | None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The final result of one request, from `generate`."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens_computed: int = 0
+    decode_tokens: int = 0
+    preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(self, model_dir: Path | str, config: EngineConfig | None = None):
+        self.model_dir = Path(model_dir)
+        self.config = config = config or EngineConfig()
+        self.model_config = cfg = load_model_config(self.model_dir)
+        tok_path = self.model_dir / "tokenizer.json"
+        if not tok_path.exists():
+            raise ModelLoadError(f"{self.model_dir}: no tokenizer.json (a fast tokenizer is required)")
+        self.tokenizer = Tokenizer.from_file(str(tok_path))
+        self.max_model_len = min(config.max_model_len or cfg.max_model_len, cfg.max_model_len)
+        num_blocks = config.num_kv_blocks or max(
+            1, config.kv_cache_bytes // bytes_per_block(cfg, config.block_size, config.dtype)
+        )
+        self.kv = KVCache(cfg, num_blocks, config.block_size, config.dtype, config.device)
+        weights = load_weights(self.model_dir, cfg, config.dtype, config.device)
+        self.runner = ModelRunner(cfg, weights, self.kv, self.max_model_len)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                config.max_num_seqs, config.max_num_batched_tokens, config.max_loras, config.max_lora_skips
+            ),
+            self.blocks,
+        )
+        self.adapters = AdapterCache(
+            cfg,
+            config.max_loras,
+            config.max_lora_rank,
+            config.host_adapter_bytes,
+            config.dtype,
+            config.device,
+        )
+        for name, path in config.adapters.items():
+            self.adapters.register(name, Path(path))
+        self.sampler = Sampler()
+        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.requests: dict[str, _Tracked] = {}
+        self.aborted: list[_Tracked] = []
+        self.stats = EngineStats()
+
+    # -- public API -----------------------------------------------------------------------------
+    def register_adapter(self, name: str, path: Path | str) -> None:
+        self.adapters.register(name, Path(path))
+
+    def add_request(self, request: Request) -> None:
+        self._validate(request)
+        if request.adapter is not None:
+            self.adapters.ensure_host(request.adapter)  # reads and validates now, not mid-step
+        p = request.params
+        generator = None
+        if not p.greedy:
+            seed = p.seed if p.seed is not None else secrets.randbits(63)
+            generator = torch.Generator().manual_seed(seed)
+        seq = Sequence.from_request(request)
+        self.requests[request.request_id] = _Tracked(
+            seq, DetokenizerState.start(request.prompt_token_ids, p.stop), generator
+        )
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV; its final output comes with the next `step`."""
+        tracked = self.requests.pop(request_id, None)
+        if tracked is None:
+            return False
+        self.scheduler.remove(tracked.seq)
+        tracked.seq.status = SequenceStatus.FINISHED
+        tracked.seq.finish_reason = FinishReason.ABORT
+        self.aborted.append(tracked)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests or self.aborted)
+
+    def step(self) -> list[RequestOutput]:
+        outputs = [self._output(t, [], "") for t in self.aborted]
+        self.aborted.clear()
+        sched = self.scheduler.schedule()
+        self.stats.preemptions += len(sched.preempted)
+        if sched.is_empty:
+            return outputs
+        self.stats.steps += 1
+        needed = {s.adapter for s, _ in sched.scheduled if s.adapter is not None}
+        slots = self.adapters.acquire(needed)
+        for seq, _ in sched.scheduled:
+            seq.lora_slot = slots[seq.adapter] if seq.adapter is not None else -1
+        batch, order, samplers = build_forward_batch(
+            sched.scheduled, self.config.block_size, self.config.device
+        )
+        lora = None
+        if batch.lora is not None:
+            lora = LoRAContext(self.adapters.stacks, self.adapters.active_modules(batch.lora.active_slots))
+        logits = self.runner.forward(batch, lora)
+        tracked = [self.requests[s.request_id] for s in samplers]
+        tokens = self.sampler.sample(
+            logits, [t.seq.request.params for t in tracked], [t.generator for t in tracked]
+        )
+        for seq, n in order:
+            seq.num_computed_tokens += n
+            self.blocks.commit(seq)
+            if seq.num_prompt_tokens > seq.num_computed_tokens - n:
+                self.stats.prompt_tokens_computed += min(
+                    n, seq.num_prompt_tokens - (seq.num_computed_tokens - n)
+                )
+        for t, token in zip(tracked, tokens, strict=True):
+            outputs.append(self._append_token(t, token))
+        return outputs
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        """Run `requests` to completion (offline); results in the order given."""
+        for r in requests:
+            self.add_request(r)
+        done: dict[str, Completion] = {}
+        tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+        texts: dict[str, list[str]] = {r.request_id: [] for r in requests}
+        while self.has_unfinished():
+            for out in self.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+                texts[out.request_id].append(out.text_delta)
+                if out.finished:
+                    assert out.finish_reason is not None
+                    done[out.request_id] = Completion(
+                        out.request_id,
+                        tokens[out.request_id],
+                        "".join(texts[out.request_id]),
+                        out.finish_reason,
+                        out.prompt_tokens,
+                        out.cached_tokens,
+                    )
+        return [done[r.request_id] for r in requests]
+
+    # -- internals ------------------------------------------------------------------------------
+    def _validate(self, request: Request) -> None:
+        rid, ids = request.request_id, request.prompt_token_ids
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        total = len(ids) + request.params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({request.params.max_tokens}) = {total} exceeds "
+                f"the model's context length of {self.max_model_len} tokens"
+            )
+        if -(-total // self.config.block_size) > self.blocks.num_blocks:
+            raise ValueError(
+                f"request needs {total} tokens of KV but the pool holds "
+                f"{self.blocks.num_blocks * self.config.block_size}"
+            )
+        if request.adapter is not None and not self.adapters.known(request.adapter):
+            raise ValueError(f"unknown adapter {request.adapter!r}")
+
+    def _append_token(self, t: _Tracked, token: int) -> RequestOutput:
+        seq, p = t.seq, t.seq.request.params
+        seq.token_ids.append(token)
+        self.stats.decode_tokens += 1
+        reason: FinishReason | None = None
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.model_config.eos_token_ids) or self.detokenizer.update(t.detok, seq.output_token_ids):
+            reason = FinishReason.STOP
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            seq.finish_reason = reason
+            seq.status = SequenceStatus.FINISHED
+            self.scheduler.remove(seq)
+            del self.requests[seq.request_id]
+            self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
+        return self._output(t, [token], self.detokenizer.delta(t.detok, reason is not None))
+
+    @staticmethod
+    def _output(t: _Tracked, new_ids: list[int], text: str) -> RequestOutput:
+        seq = t.seq
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=tuple(new_ids),
+            text_delta=text,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            cached_tokens=seq.num_cached_tokens,
+        )

@@ -1,0 +1,121 @@
+"""The lean Llama-family forward on paged KV with multi-LoRA: plain torch ops plus `kernels/`.
+
+Matches Hugging Face's computation order (RMSNorm in fp32, rotate-half RoPE, SiLU-gated MLP) so greedy
+outputs equal `transformers` + `peft`. Only the rows that need next-token logits reach the LM head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels import paged_attention_decode, paged_attention_prefill, sgmv_expand, sgmv_shrink, write_kv
+from worker.adapter_cache import LoRAStack
+from worker.batch import ForwardBatch
+from worker.config import ModelConfig
+from worker.kv_cache import KVCache
+from worker.loader import ModelWeights
+from worker.rope import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class LoRAContext:
+    """The adapter stacks for this step and which target modules any active slot adapts."""
+
+    stacks: dict[str, LoRAStack]
+    active_modules: frozenset[str]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class ModelRunner:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, kv: KVCache, max_positions: int):
+        self.cfg, self.w, self.kv = cfg, weights, kv
+        device = str(weights.embed.device)
+        self.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions, weights.embed.dtype, device)
+        self.scale = cfg.head_dim**-0.5
+        q, kvs, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        # Where each adaptable projection's output lives inside the fused outputs.
+        self.qkv_slices = {"q_proj": 0, "k_proj": q, "v_proj": q + kvs}
+        self.gate_up_slices = {"gate_proj": 0, "up_proj": inter}
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch, lora: LoRAContext | None) -> torch.Tensor:
+        cfg = self.cfg
+        h = self.w.embed[fb.input_ids]
+        cos = self.rope.cos[fb.positions][:, None, :]
+        sin = self.rope.sin[fb.positions][:, None, :]
+        for i, layer in enumerate(self.w.layers):
+            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            self._lora(qkv, x, self.qkv_slices, i, fb, lora)
+            attn = self._attention(qkv, cos, sin, i, fb)
+            o = F.linear(attn, layer.o, layer.o_bias)
+            self._lora(o, attn, {"o_proj": 0}, i, fb, lora)
+            h = h + o
+            x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
+            gate_up = F.linear(x, layer.gate_up, layer.gate_up_bias)
+            self._lora(gate_up, x, self.gate_up_slices, i, fb, lora)
+            gate, up = gate_up.split(cfg.intermediate_size, dim=-1)
+            act = F.silu(gate) * up
+            down = F.linear(act, layer.down, layer.down_bias)
+            self._lora(down, act, {"down_proj": 0}, i, fb, lora)
+            h = h + down
+        last = rms_norm(h[fb.logits_indices], self.w.norm, cfg.rms_norm_eps)
+        return F.linear(last, self.w.lm_head)
+
+    def _attention(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, fb: ForwardBatch
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        t = qkv.shape[0]
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = self.rope.apply(q.view(t, cfg.num_heads, cfg.head_dim), cos, sin)
+        k = self.rope.apply(k.view(t, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
+        write_kv(k_cache, v_cache, k, v, fb.slot_mapping)
+        out = torch.empty_like(q)
+        nd = fb.num_decode
+        if nd:
+            paged_attention_decode(
+                out[:nd], q[:nd], k_cache, v_cache, fb.decode_block_tables, fb.decode_context_lens, self.scale
+            )
+        if fb.num_prefill_seqs:
+            paged_attention_prefill(
+                out[nd:],
+                q[nd:],
+                k_cache,
+                v_cache,
+                fb.prefill_block_tables,
+                fb.prefill_query_start_loc,
+                fb.prefill_context_lens,
+                self.scale,
+            )
+        return out.view(t, cfg.q_size)
+
+    @staticmethod
+    def _lora(
+        y: torch.Tensor,
+        x: torch.Tensor,
+        slices: dict[str, int],
+        layer: int,
+        fb: ForwardBatch,
+        lora: LoRAContext | None,
+    ) -> None:
+        if lora is None or fb.lora is None:
+            return
+        meta = fb.lora
+        for module, offset in slices.items():
+            if module not in lora.active_modules:
+                continue
+            stack = lora.stacks[module]
+            v = x.new_zeros(x.shape[0], stack.a.shape[2])
+            sgmv_shrink(v, x, stack.a, meta.seg_indptr, meta.slot_ids, layer, stack.scale, stack.ranks)
+            sgmv_expand(y, v, stack.b, meta.seg_indptr, meta.slot_ids, layer, offset, stack.ranks)

@@ -1,0 +1,50 @@
+"""Token selection for one step: greedy rows by argmax, the rest by temperature / top-k / top-p sampling.
+
+Each seeded request draws from its own `torch.Generator`, so the same seed gives the same tokens whatever
+else shares the batch. Sampling uses the exponential race (`argmax(p / E)`, `E ~ Exp(1)`), which is
+exactly a draw from `p` and needs one random vector per row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loragate.types import SamplingParams
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    if any(0 < k < vocab for k in top_k):
+        k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=logits.device)
+        kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if any(p < 1.0 for p in top_p):
+        p = torch.tensor(top_p, device=logits.device, dtype=logits.dtype)[:, None]
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Drop a token when the mass before it already reaches p (the top token always stays).
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= p
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class Sampler:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> list[int]:
+        """logits: [N, V] float; one params / generator per row. Returns one token id per row."""
+        logits = logits.float()
+        tokens = logits.argmax(dim=-1)
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        if rows:
+            sub = logits[rows] / torch.tensor([params[i].temperature for i in rows])[:, None]
+            sub = _filter_top_k_top_p(sub, [params[i].top_k for i in rows], [params[i].top_p for i in rows])
+            probs = sub.softmax(dim=-1)
+            for j, i in enumerate(rows):
+                noise = torch.empty_like(probs[j]).exponential_(generator=generators[i])
+                tokens[i] = (probs[j] / noise).argmax()
+        return [int(t) for t in tokens.tolist()]
