@@ -214,7 +214,10 @@ class LLMEngine:
         seq.token_ids.append(token)
         self.stats.decode_tokens += 1
         reason: FinishReason | None = None
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.model_config.eos_token_ids) or self.detokenizer.update(t.detok, seq.output_token_ids):
+        eos = not p.ignore_eos and token in self.model_config.eos_token_ids
+        stop_token = eos or token in p.stop_token_ids
+        # A stop token ends the request without adding its text; otherwise decode and look for stop strings.
+        if stop_token or self.detokenizer.update(t.detok, seq.output_token_ids):
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = FinishReason.LENGTH

@@ -136,8 +136,8 @@ def _stack_module(
         r = a.shape[0]
         if a.shape != (r, fan_in) or b.shape != (fan_out, r):
             raise AdapterError(
-                f"{path}: layer {layer} {module}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit "
-                f"the base model (expected [r, {fan_in}] / [{fan_out}, r]): adapter for a different base model?"
+                f"{path}: layer {layer} {module}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not "
+                f"fit the base model (expected [r, {fan_in}] / [{fan_out}, r]): made for another base model?"
             )
         name = f"model.layers.{layer}.{parent}.{module}"
         alpha = float(_pattern(conf.get("alpha_pattern") or {}, name, conf["lora_alpha"]))
