@@ -103,7 +103,10 @@ def load_adapter(name: str, path: Path, cfg: ModelConfig, dtype: torch.dtype) ->
         if module not in shapes:
             raise AdapterError(f"{path}: {key}: unknown target module {module!r}")
         if layer >= cfg.num_layers:
-            raise AdapterError(f"{path}: {key}: layer {layer} but the base model has {cfg.num_layers} layers")
+            raise AdapterError(
+                f"{path}: {key}: layer {layer}, but the base model has {cfg.num_layers} layers: "
+                "made for another base model?"
+            )
         found.setdefault((module, layer), {})[which] = tensor
     if not found:
         raise AdapterError(f"{path}: no LoRA weights in adapter_model.safetensors")

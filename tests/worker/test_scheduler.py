@@ -79,7 +79,8 @@ def test_preemption_evicts_the_newest_running_and_requeues_it_first() -> None:
     assert plan(out) == [("a", 1)]
     assert b.status is SequenceStatus.WAITING and b.block_table == [] and b.num_computed_tokens == 0
     assert list(s.waiting) == [b] and b.num_preemptions == 1
-    assert b.token_ids[-1] == 7 and b.num_tokens == 8  # the sampled token is kept: recompute resumes where it was
+    # The sampled token is kept: recompute resumes where it was.
+    assert b.token_ids[-1] == 7 and b.num_tokens == 8
 
 
 def test_a_sequence_preempts_itself_when_it_is_the_only_one() -> None:
