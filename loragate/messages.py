@@ -1,0 +1,146 @@
+"""Messages that cross Redis between gateway and worker: queued requests, output events, worker state.
+
+All are frozen dataclasses with explicit JSON encodings, so either side can be restarted or replaced
+without sharing Python objects. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from loragate.types import SamplingParams
+
+
+def _params_from(d: dict[str, Any]) -> SamplingParams:
+    d = dict(d)
+    d["stop"] = tuple(d.get("stop", ()))
+    d["stop_token_ids"] = tuple(d.get("stop_token_ids", ()))
+    return SamplingParams(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """One request on a worker's queue stream.
+
+    `resume_token_ids` are tokens a previous worker already generated and streamed (it died): the next
+    worker continues after them, so the client's answer goes on unbroken.
+    """
+
+    request_id: str
+    model: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    adapter: str | None = None  # registry key "{base}:{name}"
+    tenant: str = ""
+    traceparent: str | None = None
+    deadline: float = 0.0  # unix time; 0 = none
+    attempt: int = 0
+    resume_token_ids: tuple[int, ...] = ()
+    enqueued_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["params"] = asdict(self.params)
+        return json.dumps(d, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> QueuedRequest:
+        d = json.loads(raw)
+        d["prompt_token_ids"] = tuple(d["prompt_token_ids"])
+        d["resume_token_ids"] = tuple(d.get("resume_token_ids", ()))
+        d["params"] = _params_from(d["params"])
+        return QueuedRequest(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputEvent:
+    """One step's output for one request, appended to `lg:out:{request_id}`.
+
+    `error` is an OpenAI-style error object (`message`, `type`, `code`) with an HTTP `status`.
+    """
+
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    worker_id: str = ""
+    error: dict[str, Any] | None = None
+
+    @property
+    def is_last(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> OutputEvent:
+        d = json.loads(raw)
+        d["token_ids"] = tuple(d.get("token_ids", ()))
+        return OutputEvent(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """A worker's heartbeat: what it serves and how loaded it is."""
+
+    worker_id: str
+    model: str
+    model_dir: str
+    max_model_len: int
+    adapters_device: tuple[str, ...] = ()
+    adapters_host: tuple[str, ...] = ()
+    pinned: tuple[str, ...] = ()
+    kv_blocks_free: int = 0
+    kv_blocks_total: int = 0
+    block_size: int = 16
+    running: int = 0
+    waiting: int = 0
+    max_adapters: int = 0
+    draining: bool = False
+    decode_tok_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    updated_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> WorkerState:
+        d = json.loads(raw)
+        for k in ("adapters_device", "adapters_host", "pinned"):
+            d[k] = tuple(d.get(k, ()))
+        return WorkerState(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterRecord:
+    """An adapter in the registry (`lg:adapters`): which base it belongs to, where its files are,
+    which tenants may use it (empty = every tenant), and whether workers keep it resident."""
+
+    name: str
+    base: str
+    path: str
+    tenants: tuple[str, ...] = ()
+    pinned: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.base}:{self.name}"
+
+    def allows(self, tenant: str) -> bool:
+        return not self.tenants or tenant in self.tenants
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> AdapterRecord:
+        d = json.loads(raw)
+        d["tenants"] = tuple(d.get("tenants", ()))
+        return AdapterRecord(**d)

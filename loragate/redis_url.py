@@ -1,0 +1,23 @@
+"""Connect to Redis from a URL (`redis://`, `rediss://`, `unix://`), defaulting to `$REDIS_URL`."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+import redis.asyncio as aioredis
+
+
+def resolve(url: str | None) -> str:
+    resolved = url or os.environ.get("REDIS_URL")
+    if not resolved:
+        raise SystemExit("no Redis: pass --redis URL or set REDIS_URL (`loragate up` starts one for you)")
+    return resolved
+
+
+def connect_sync(url: str | None) -> redis.Redis:
+    return redis.Redis.from_url(resolve(url))
+
+
+def connect_async(url: str | None, max_connections: int = 64) -> aioredis.Redis:
+    return aioredis.Redis.from_url(resolve(url), max_connections=max_connections)

@@ -1,0 +1,143 @@
+"""The worker service against a real Redis: queue in, output events out, ack after the last event,
+cancel, resume after a crash, heartbeat, drain."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from loragate import keys
+from loragate.messages import AdapterRecord, OutputEvent, QueuedRequest, WorkerState
+from loragate.types import Request, SamplingParams
+from worker.config import EngineConfig
+from worker.engine import LLMEngine
+from worker.modelzoo.make import ZooPaths
+from worker.registry import AdapterRegistry
+from worker.service import WorkerService
+
+
+def prompt(seed: int, n: int = 24) -> tuple[int, ...]:
+    rng = random.Random(seed)
+    return tuple(rng.randrange(8, 8000) for _ in range(n))
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    r = redis.Redis.from_url(redis_url)
+    yield r
+    r.close()
+
+
+def start(zoo: ZooPaths, r: redis.Redis, worker_id: str = "w1") -> tuple[WorkerService, threading.Thread]:
+    registry = AdapterRegistry(r, "tiny")
+    registry.publish_directory(zoo.root / "adapters" / "tiny")
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=256))
+    service = WorkerService(engine, r, worker_id, "tiny", registry)
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    return service, thread
+
+
+def enqueue(r: redis.Redis, msg: QueuedRequest, worker_id: str = "w1") -> None:
+    r.xadd(keys.queue(worker_id), {"m": msg.to_json()})
+
+
+def collect(r: redis.Redis, request_id: str, timeout: float = 60.0) -> list[OutputEvent]:
+    events: list[OutputEvent] = []
+    last = "0"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply = r.xread({keys.output(request_id): last}, block=200)
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                last = entry_id
+                events.append(OutputEvent.from_json(fields[b"e"]))
+        if events and events[-1].is_last:
+            return events
+    raise AssertionError(f"no final event for {request_id}")
+
+
+def offline(zoo: ZooPaths, req: Request) -> list[int]:
+    adapters = {f"tiny:{n}": zoo.adapter("tiny", n) for n in zoo.adapter_names("tiny")}
+    return LLMEngine(zoo.base("tiny"), EngineConfig(adapters=adapters)).generate([req])[0].token_ids
+
+
+def test_requests_stream_out_and_are_acked_after_the_last_event(zoo: ZooPaths, client: redis.Redis) -> None:
+    service, thread = start(zoo, client)
+    msgs = [
+        QueuedRequest(
+            f"r{i}",
+            "tiny",
+            prompt(i),
+            SamplingParams(max_tokens=10, ignore_eos=True),
+            adapter=["tiny:qv-r8", None, "tiny:all-r64"][i % 3],
+        )
+        for i in range(5)
+    ]
+    for m in msgs:
+        enqueue(client, m)
+    for m in msgs:
+        events = collect(client, m.request_id)
+        tokens = [t for e in events for t in e.token_ids]
+        expected = offline(zoo, Request("x", m.prompt_token_ids, m.params, m.adapter))
+        assert tokens == expected
+        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 10
+        assert events[-1].prompt_tokens == len(m.prompt_token_ids) and events[-1].worker_id == "w1"
+    time.sleep(0.2)
+    assert client.xpending(keys.queue("w1"), keys.WORKER_GROUP)["pending"] == 0
+    assert client.xlen(keys.queue("w1")) == 0
+    state = WorkerState.from_json(client.get(keys.worker_state("w1")))
+    assert state.model == "tiny" and state.kv_blocks_total == 256 and not state.draining
+    assert "tiny:qv-r8" in state.adapters_device
+    service.drain()
+    thread.join(10)
+    assert client.get(keys.worker_state("w1")) is None
+
+
+def test_bad_adapter_and_deadline_become_error_events(zoo: ZooPaths, client: redis.Redis) -> None:
+    service, thread = start(zoo, client)
+    bad = AdapterRecord("broken", "tiny", "/nonexistent/adapter")
+    client.hset(keys.ADAPTERS, bad.key, bad.to_json())
+    enqueue(client, QueuedRequest("bad", "tiny", prompt(1), SamplingParams(), adapter="tiny:broken"))
+    enqueue(client, QueuedRequest("nope", "tiny", prompt(1), SamplingParams(), adapter="tiny:missing"))
+    enqueue(client, QueuedRequest("late", "tiny", prompt(1), SamplingParams(), deadline=time.time() - 1))
+    for rid, status in (("bad", 400), ("nope", 400), ("late", 504)):
+        [event] = collect(client, rid)
+        assert event.error is not None and event.error["status"] == status, rid
+    service.drain()
+    thread.join(10)
+
+
+def test_cancel_aborts_a_running_request(zoo: ZooPaths, client: redis.Redis) -> None:
+    service, thread = start(zoo, client)
+    enqueue(
+        client, QueuedRequest("long", "tiny", prompt(2), SamplingParams(max_tokens=1500, ignore_eos=True))
+    )
+    client.xread({keys.output("long"): "0"}, block=30000)  # wait for the first token
+    client.publish(keys.CANCEL, "long")
+    events = collect(client, "long")
+    assert events[-1].finish_reason == "abort" and len(events) < 1500
+    service.drain()
+    thread.join(10)
+
+
+def test_restart_resumes_after_tokens_already_streamed(zoo: ZooPaths, client: redis.Redis) -> None:
+    msg = QueuedRequest("resume", "tiny", prompt(3), SamplingParams(max_tokens=12, ignore_eos=True))
+    expected = offline(zoo, Request("x", msg.prompt_token_ids, msg.params))
+    # A previous incarnation of w1 read the entry and streamed 5 tokens, then died before acking.
+    client.xgroup_create(keys.queue("w1"), keys.WORKER_GROUP, id="0", mkstream=True)
+    enqueue(client, msg)
+    client.xreadgroup(keys.WORKER_GROUP, "w1", {keys.queue("w1"): ">"}, count=1)
+    first = OutputEvent(token_ids=tuple(expected[:5]), text="", prompt_tokens=24, completion_tokens=5)
+    client.xadd(keys.output("resume"), {"e": first.to_json()})
+    service, thread = start(zoo, client)
+    events = collect(client, "resume")
+    assert [t for e in events for t in e.token_ids] == expected
+    assert events[-1].completion_tokens == 12
+    service.drain()
+    thread.join(10)

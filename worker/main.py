@@ -1,0 +1,72 @@
+"""`loragate worker`: load a base model, join the fleet through Redis, serve until SIGTERM (then drain)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import redis
+
+from loragate.redis_url import connect_sync
+from worker.config import EngineConfig
+from worker.engine import LLMEngine
+from worker.registry import AdapterRegistry
+from worker.service import WorkerService
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loragate worker", description=__doc__)
+    p.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
+    p.add_argument("--model-name", help="name clients use for this base model (default: the directory name)")
+    p.add_argument("--adapters", help="directory of PEFT adapters to register as {model-name}:{subdir}")
+    p.add_argument("--pin", action="append", default=[], help="adapter (subdir name) to keep resident")
+    p.add_argument("--redis", help="Redis URL (default: $REDIS_URL)")
+    p.add_argument("--worker-id", help="stable id of this worker (default: {model-name}-{hostname})")
+    p.add_argument("--max-loras", type=int, default=8)
+    p.add_argument("--max-num-seqs", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-mb", type=int, default=512)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    model_dir = Path(args.model)
+    name = args.model_name or model_dir.name
+    worker_id = args.worker_id or f"{name}-{socket.gethostname()}"
+    r: redis.Redis = connect_sync(args.redis)
+    engine = LLMEngine(
+        model_dir,
+        EngineConfig(
+            max_loras=args.max_loras,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_cache_bytes=args.kv_cache_mb * 1024**2,
+        ),
+    )
+    registry = AdapterRegistry(r, name)
+    if args.adapters:
+        registry.publish_directory(Path(args.adapters), pin=tuple(args.pin))
+    registry.sync(engine)
+    service = WorkerService(engine, r, worker_id, name, registry)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        logging.getLogger("loragate.worker").info("draining (signal %d)", signum)
+        service.drain()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    logging.getLogger("loragate.worker").info("worker %s serving %s from %s", worker_id, name, model_dir)
+    service.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The worker service: drives the engine step by step and talks only to Redis.
+
+Loop: heartbeat (≈1 s) → cancellations → admit queued requests (`XREADGROUP` on `lg:q:{worker}`, only as
+many as the engine can start soon, so the rest wait in Redis where they can be re-routed) → one engine
+step → append each request's output event to `lg:out:{id}` → `XACK` a request only once its last event is
+written. On start it first re-reads its own pending entries (a restart), resuming after any tokens that
+were already streamed. SIGTERM drains: the heartbeat says `draining`, no new admissions, running
+requests finish, then the heartbeat is removed so gateways re-route whatever is still queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import redis
+
+from loragate import keys
+from loragate.messages import OutputEvent, QueuedRequest, WorkerState
+from loragate.types import Request, RequestOutput
+from worker.engine import LLMEngine
+from worker.lora import AdapterError
+from worker.registry import AdapterRegistry
+
+log = logging.getLogger("loragate.worker")
+
+HEARTBEAT_S = 1.0
+HEARTBEAT_TTL_S = 3
+OUTPUT_TTL_S = 600
+
+
+@dataclass
+class _Active:
+    entry_id: str
+    message: QueuedRequest
+
+
+def already_streamed(r: redis.Redis, request_id: str) -> tuple[list[int], bool]:
+    """Tokens a request's output stream already holds, and whether its last event was written."""
+    ids: list[int] = []
+    done = False
+    for _, fields in r.xrange(keys.output(request_id)):
+        event = OutputEvent.from_json(fields[b"e"])
+        ids.extend(event.token_ids)
+        done = done or event.is_last
+    return ids, done
+
+
+class WorkerService:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        r: redis.Redis,
+        worker_id: str,
+        model_name: str,
+        registry: AdapterRegistry,
+        max_waiting: int = 8,
+    ):
+        self.engine, self.redis, self.worker_id, self.model_name = engine, r, worker_id, model_name
+        self.registry = registry
+        self.max_waiting = max_waiting
+        self.queue = keys.queue(worker_id)
+        self.active: dict[str, _Active] = {}
+        self.draining = threading.Event()
+        self.stopped = threading.Event()
+        self._last_beat = 0.0
+        self._tokens_window: list[tuple[float, int]] = []
+        self._pubsub = r.pubsub(ignore_subscribe_messages=True)
+        try:
+            r.xgroup_create(self.queue, keys.WORKER_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        self._pubsub.subscribe(keys.CANCEL)
+        self.heartbeat(force=True)
+        self._admit(pending=True)
+        while not (self.draining.is_set() and not self.engine.has_unfinished()):
+            self.heartbeat()
+            self._poll_cancels()
+            if not self.draining.is_set():
+                self._admit(pending=False, block_ms=0 if self.engine.has_unfinished() else 100)
+            if self.engine.has_unfinished():
+                self._publish(self.engine.step())
+        self.redis.delete(keys.worker_state(self.worker_id))
+        self._pubsub.close()
+        self.stopped.set()
+
+    def drain(self) -> None:
+        self.draining.set()
+
+    # -- admission --------------------------------------------------------------------------------
+    def _admit(self, pending: bool, block_ms: int = 0) -> None:
+        room = self.max_waiting - len(self.engine.scheduler.waiting)
+        if room <= 0:
+            return
+        # Pending entries ("0") are our own from before a restart; ">" are new ones. BLOCK 0 would wait
+        # forever in Redis, so a busy engine polls without BLOCK.
+        start = "0" if pending else ">"
+        block = block_ms if block_ms > 0 and not pending else None
+        reply = self.redis.xreadgroup(
+            keys.WORKER_GROUP,
+            self.worker_id,
+            {self.queue: start},
+            count=None if pending else room,
+            block=block,
+        )
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                self._start(entry_id.decode(), QueuedRequest.from_json(fields[b"m"]))
+
+    def _start(self, entry_id: str, msg: QueuedRequest) -> None:
+        streamed, done = already_streamed(self.redis, msg.request_id)
+        if done:  # finished before a crash, only the ack was lost
+            self._ack(entry_id)
+            return
+        resume = tuple(streamed) or msg.resume_token_ids
+        params = replace(msg.params, max_tokens=msg.params.max_tokens - len(resume))
+        try:
+            if msg.deadline and time.time() > msg.deadline:
+                raise TimeoutError("the request's deadline passed while it was queued")
+            adapter = None
+            if msg.adapter is not None:
+                adapter = self.registry.ensure_registered(self.engine, msg.adapter)
+            self.engine.add_request(Request(msg.request_id, msg.prompt_token_ids + resume, params, adapter))
+        except (ValueError, AdapterError, TimeoutError) as e:
+            status = 504 if isinstance(e, TimeoutError) else 400
+            self._fail(entry_id, msg, status, str(e))
+            return
+        self.active[msg.request_id] = _Active(entry_id, replace(msg, resume_token_ids=resume))
+
+    def _fail(self, entry_id: str, msg: QueuedRequest, status: int, message: str) -> None:
+        kind = "timeout" if status == 504 else "invalid_request_error"
+        event = OutputEvent(
+            worker_id=self.worker_id, error={"message": message, "type": kind, "code": None, "status": status}
+        )
+        self.redis.xadd(keys.output(msg.request_id), {"e": event.to_json()})
+        self.redis.expire(keys.output(msg.request_id), OUTPUT_TTL_S)
+        self._ack(entry_id)
+
+    def _ack(self, entry_id: str) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(self.queue, keys.WORKER_GROUP, entry_id)
+        pipe.xdel(self.queue, entry_id)
+        pipe.execute()
+
+    # -- outputs ----------------------------------------------------------------------------------
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        if not outputs:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        finished: list[str] = []
+        for out in outputs:
+            active = self.active.get(out.request_id)
+            if active is None:
+                continue
+            resumed = len(active.message.resume_token_ids)
+            event = OutputEvent(
+                token_ids=out.new_token_ids,
+                text=out.text_delta,
+                finish_reason=out.finish_reason.value if out.finish_reason else None,
+                prompt_tokens=len(active.message.prompt_token_ids),
+                completion_tokens=out.completion_tokens + resumed,
+                cached_tokens=out.cached_tokens,
+                worker_id=self.worker_id,
+            )
+            key = keys.output(out.request_id)
+            pipe.xadd(key, {"e": event.to_json()})
+            pipe.expire(key, OUTPUT_TTL_S)
+            if out.finished:
+                finished.append(out.request_id)
+        pipe.execute()  # the last events are durable before their queue entries are acknowledged
+        for rid in finished:
+            self._ack(self.active.pop(rid).entry_id)
+        self._tokens_window.append((time.monotonic(), sum(len(o.new_token_ids) for o in outputs)))
+
+    def _poll_cancels(self) -> None:
+        while (msg := self._pubsub.get_message(timeout=0)) is not None:
+            rid = msg["data"].decode() if isinstance(msg["data"], bytes) else str(msg["data"])
+            if rid in self.active:
+                self.engine.abort(rid)
+
+    # -- heartbeat --------------------------------------------------------------------------------
+    def state(self) -> WorkerState:
+        e = self.engine
+        now = time.monotonic()
+        self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 10.0]
+        span = now - self._tokens_window[0][0] if len(self._tokens_window) > 1 else 0.0
+        rate = sum(n for _, n in self._tokens_window) / span if span > 0 else 0.0
+        return WorkerState(
+            worker_id=self.worker_id,
+            model=self.model_name,
+            model_dir=str(e.model_dir),
+            max_model_len=e.max_model_len,
+            adapters_device=tuple(e.adapters.device_lru),
+            adapters_host=tuple(e.adapters.host),
+            pinned=tuple(sorted(self.registry.pinned)),
+            kv_blocks_free=e.blocks.num_free_blocks,
+            kv_blocks_total=e.blocks.num_blocks,
+            block_size=e.config.block_size,
+            running=len(e.scheduler.running),
+            waiting=len(e.scheduler.waiting),
+            max_adapters=e.config.max_loras,
+            draining=self.draining.is_set(),
+            decode_tok_s=round(rate, 1),
+        )
+
+    def heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_beat >= HEARTBEAT_S:
+            self._last_beat = now
+            self.registry.sync(self.engine)
+            self.redis.set(keys.worker_state(self.worker_id), self.state().to_json(), ex=HEARTBEAT_TTL_S)
