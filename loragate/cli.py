@@ -1,11 +1,24 @@
-"""The `loragate` command line: one entry point, subcommands import their heavy parts lazily."""
+"""The `loragate` command line: one entry point; each subcommand imports its heavy parts lazily.
+
+`worker`, `gateway`, `up`, `demo` and `bench engine` hand their arguments to their own parsers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+# subcommand words -> (module with `main(argv) -> int`, help)
+PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
+    ("up",): ("loragate.up", "the embedded dev stack: Redis, a gateway and workers, in one command"),
+    ("gateway",): ("gateway.main", "run the OpenAI-compatible gateway"),
+    ("worker",): ("worker.main", "run a worker: engine + Redis queue consumer"),
+    ("demo",): ("worker.demo", "generate with the demo models and adapters, in-process"),
+    ("bench", "engine"): ("loadtest.bench_engine", "engine throughput: loragate vs transformers+peft"),
+}
 
 
 def _models_make(args: argparse.Namespace) -> int:
@@ -16,43 +29,31 @@ def _models_make(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_engine(args: argparse.Namespace) -> int:
-    from loadtest.bench_engine import main as bench_main
-
-    return bench_main(args.rest)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from worker.demo import main as demo_main
-
-    return demo_main(args.rest)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="loragate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="loragate",
+        description="LoRA-aware LLM serving. Subcommands: "
+        + "; ".join(f"{' '.join(words)}: {text}" for words, (_, text) in PASSTHROUGH.items()),
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    models = sub.add_parser("models", help="build or inspect the demo checkpoints and adapters")
+    for words, (_, text) in PASSTHROUGH.items():
+        sub.add_parser(words[0], help=text, add_help=False)
+    models = sub.add_parser("models", help="build the demo checkpoints and adapters")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     make = models_sub.add_parser("make", help="build the demo base models, tokenizer and LoRA adapters")
     make.add_argument("--out", help="output directory (default: the loragate cache)")
     make.add_argument("--quiet", action="store_true", help="no progress bar")
     make.set_defaults(func=_models_make)
-
-    bench = sub.add_parser("bench", help="benchmarks (last output line is one JSON object)")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    engine = bench_sub.add_parser("engine", help="loragate engine vs transformers+peft", add_help=False)
-    engine.add_argument("rest", nargs=argparse.REMAINDER)
-    engine.set_defaults(func=_bench_engine)
-
-    demo = sub.add_parser("demo", help="generate with the demo models and adapters", add_help=False)
-    demo.add_argument("rest", nargs=argparse.REMAINDER)
-    demo.set_defaults(func=_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    for words, (module, _) in PASSTHROUGH.items():
+        if tuple(args_list[: len(words)]) == words:
+            entry: Callable[[list[str]], int] = importlib.import_module(module).main
+            return entry(args_list[len(words) :])
+    args = build_parser().parse_args(args_list)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
 

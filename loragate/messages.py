@@ -144,3 +144,14 @@ class AdapterRecord:
         d = json.loads(raw)
         d["tenants"] = tuple(d.get("tenants", ()))
         return AdapterRecord(**d)
+
+
+def streamed_so_far(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> tuple[list[int], bool]:
+    """From a request's output-stream entries: the token ids already streamed, and whether it ended."""
+    ids: list[int] = []
+    done = False
+    for _, fields in entries:
+        event = OutputEvent.from_json(fields[b"e"])
+        ids.extend(event.token_ids)
+        done = done or event.is_last
+    return ids, done

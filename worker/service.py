@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import redis
 
 from loragate import keys
-from loragate.messages import OutputEvent, QueuedRequest, WorkerState
+from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_so_far
 from loragate.types import Request, RequestOutput
 from worker.engine import LLMEngine
 from worker.lora import AdapterError
@@ -39,13 +39,7 @@ class _Active:
 
 def already_streamed(r: redis.Redis, request_id: str) -> tuple[list[int], bool]:
     """Tokens a request's output stream already holds, and whether its last event was written."""
-    ids: list[int] = []
-    done = False
-    for _, fields in r.xrange(keys.output(request_id)):
-        event = OutputEvent.from_json(fields[b"e"])
-        ids.extend(event.token_ids)
-        done = done or event.is_last
-    return ids, done
+    return streamed_so_far(r.xrange(keys.output(request_id)))
 
 
 class WorkerService:
@@ -68,8 +62,11 @@ class WorkerService:
         self._last_beat = 0.0
         self._tokens_window: list[tuple[float, int]] = []
         self._pubsub = r.pubsub(ignore_subscribe_messages=True)
+        self._create_group()
+
+    def _create_group(self) -> None:
         try:
-            r.xgroup_create(self.queue, keys.WORKER_GROUP, id="0", mkstream=True)
+            self.redis.xgroup_create(self.queue, keys.WORKER_GROUP, id="0", mkstream=True)
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise

@@ -1,0 +1,78 @@
+"""The gateway's view of the fleet: live workers (unexpired heartbeats) and their queue depths.
+
+Refreshed in the background about every half second with one SCAN + MGET + pipelined XLEN; request
+handlers read the latest snapshot without touching Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from loragate import keys
+from loragate.messages import WorkerState
+
+log = logging.getLogger("loragate.gateway")
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    state: WorkerState
+    queue_len: int
+
+    @property
+    def load(self) -> int:
+        return self.state.running + self.state.waiting + self.queue_len
+
+
+class Fleet:
+    def __init__(self, r: aioredis.Redis, interval_s: float = 0.5):
+        self.redis, self.interval_s = r, interval_s
+        self.workers: dict[str, WorkerView] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.refreshed = asyncio.Event()
+
+    async def refresh(self) -> None:
+        names = [k async for k in self.redis.scan_iter(match=keys.WORKER_STATE_PATTERN, count=1000)]
+        views: dict[str, WorkerView] = {}
+        if names:
+            raw = await self.redis.mget(names)
+            states = [WorkerState.from_json(v) for v in raw if v is not None]
+            pipe = self.redis.pipeline(transaction=False)
+            for s in states:
+                pipe.xlen(keys.queue(s.worker_id))
+            lengths = await pipe.execute()
+            views = {s.worker_id: WorkerView(s, int(n)) for s, n in zip(states, lengths, strict=True)}
+        self.workers = views
+        self.refreshed.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # keep the last snapshot; Redis may be restarting
+                log.exception("fleet refresh failed")
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def serving(self, model: str) -> list[WorkerView]:
+        return [w for w in self.workers.values() if w.state.model == model and not w.state.draining]
+
+    def models(self) -> dict[str, WorkerState]:
+        """One live worker's state per base model name."""
+        out: dict[str, WorkerState] = {}
+        for w in self.workers.values():
+            out.setdefault(w.state.model, w.state)
+        return out

@@ -1,0 +1,213 @@
+"""OpenAI request parsing and response shapes for `/v1/completions` and `/v1/chat/completions`.
+
+Validation errors name the offending parameter (`param`) and say what is allowed. Unsupported features
+that would change results (n > 1, logprobs, penalties) are refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import bad_request
+from loragate.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    model: Any
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    params: dict[str, Any]  # SamplingParams fields except max_tokens
+    user: str | None
+
+
+def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be a number between {lo} and {hi}.", param=name)
+    return float(value)
+
+
+def _int(body: dict[str, Any], name: str, lo: int, default: int | None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise bad_request(f"'{name}' must be an integer >= {lo}.", param=name)
+    return value
+
+
+def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
+    if body.get("n", 1) != 1:
+        raise bad_request("Only n=1 is supported.", param="n")
+    for name in ("logprobs", "top_logprobs", "echo", "best_of", "logit_bias", "tools", "functions"):
+        if body.get(name) not in (None, False, 0, 1 if name == "best_of" else None):
+            raise bad_request(f"'{name}' is not supported by this server.", param=name)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, -2.0, 2.0, 0.0) != 0.0:
+            raise bad_request(f"'{name}' is not supported by this server (use 0).", param=name)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean.", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object.", param="stream_options")
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
+        stops = tuple(stop)
+    else:
+        raise bad_request("'stop' must be a string or a list of up to 4 non-empty strings.", param="stop")
+    if stop == "":
+        raise bad_request("'stop' must not be empty.", param="stop")
+    max_tokens = _int(body, "max_completion_tokens", 1, None) if chat else None
+    max_tokens = _int(body, "max_tokens", 1, max_tokens)
+    seed = _int(body, "seed", -(2**63), None)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request("'user' must be a string.", param="user")
+    params = {
+        "temperature": _number(body, "temperature", 0.0, 2.0, 1.0),
+        "top_p": _number(body, "top_p", 1e-9, 1.0, 1.0),
+        "top_k": _int(body, "top_k", 0, 0),
+        "seed": seed,
+        "stop": stops,
+        "ignore_eos": bool(body.get("ignore_eos", False)),
+    }
+    return ParsedRequest(
+        body.get("model"), stream, bool(options.get("include_usage")), max_tokens, params, user
+    )
+
+
+def sampling_params(parsed: ParsedRequest, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(max_tokens=max_tokens, **parsed.params)
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+
+
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list.", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in (
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+        ):
+            raise bad_request(
+                f"messages[{i}] needs a role of system, user, assistant or tool.", param=f"messages[{i}].role"
+            )
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: keep the text ones
+            parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if len(parts) != len(content):
+                raise bad_request(
+                    f"messages[{i}]: only text content parts are supported.", param=f"messages[{i}].content"
+                )
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise bad_request(f"messages[{i}].content must be a string.", param=f"messages[{i}].content")
+        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    return out
+
+
+def completion_prompt(body: dict[str, Any], vocab_size: int) -> tuple[str | None, list[int] | None]:
+    """The prompt as text, or as token ids (a list of ints, or a list holding one such list)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty.", param="prompt")
+        return prompt, None
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise bad_request(f"Token ids in 'prompt' must be in [0, {vocab_size}).", param="prompt")
+        return None, list(prompt)
+    raise bad_request(
+        "'prompt' must be a string or a list of token ids (batches are not supported).", param="prompt"
+    )
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def completion_body(
+    rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "usage": use,
+    }
+
+
+def chat_body(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": use,
+    }
+
+
+def completion_chunk(rid: str, model: str, created: int, text: str, finish: str | None) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def chat_chunk(
+    rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def usage_chunk(rid: str, model: str, created: int, chat: bool, use: dict[str, Any]) -> dict[str, Any]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": use}

@@ -1,0 +1,111 @@
+"""Nothing is lost when a worker dies: its queue is taken over and re-routed.
+
+About every second, each queue stream `lg:q:{worker}` whose worker has no live heartbeat is drained by
+this gateway: entries the dead worker had read but not acknowledged are claimed (`XAUTOCLAIM`), entries it
+never read are read through the consumer group, and each is re-enqueued on a live worker serving the same
+base model — with the tokens its output stream already holds as `resume_token_ids`, so the client's
+stream continues where it stopped — and only then acknowledged and deleted from the dead queue. Claims
+are atomic, so several gateways can reap side by side. An entry with no live worker to take it stays
+claimed and is retried on the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+from gateway.catalog import Target
+from gateway.errors import APIError
+from gateway.fleet import Fleet, WorkerView
+from loragate import keys
+from loragate.messages import QueuedRequest, streamed_so_far
+
+log = logging.getLogger("loragate.gateway")
+
+Picker = Callable[[Target], WorkerView]
+
+
+class Reaper:
+    def __init__(self, r: aioredis.Redis, fleet: Fleet, pick: Picker, consumer: str, interval_s: float = 1.0):
+        self.redis, self.fleet, self.pick, self.consumer = r, fleet, pick, consumer
+        self.interval_s = interval_s
+        self.rerouted = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("reaper pass failed")
+
+    async def sweep(self) -> int:
+        await self.fleet.refresh()
+        moved = 0
+        async for raw_key in self.redis.scan_iter(match=keys.QUEUE_PATTERN, count=1000):
+            key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+            if keys.worker_id_of_queue(key) not in self.fleet.workers:
+                moved += await self._drain(key)
+        self.rerouted += moved
+        return moved
+
+    async def _drain(self, queue: str) -> int:
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+        try:
+            _, claimed, *_ = await self.redis.xautoclaim(
+                queue, keys.WORKER_GROUP, self.consumer, 0, "0-0", count=1000
+            )
+            entries.extend(claimed)
+            fresh = await self.redis.xreadgroup(keys.WORKER_GROUP, self.consumer, {queue: ">"}, count=1000)
+        except aioredis.ResponseError as e:
+            if "NOGROUP" in str(e):
+                return 0
+            raise
+        for _, items in fresh or []:
+            entries.extend(items)
+        moved = 0
+        for entry_id, fields in entries:
+            if fields is None:  # deleted meanwhile
+                continue
+            if await self._reroute(queue, entry_id, QueuedRequest.from_json(fields[b"m"])):
+                moved += 1
+        if not entries and await self.redis.xlen(queue) == 0:
+            await self.redis.delete(queue)
+        return moved
+
+    async def _reroute(self, queue: str, entry_id: bytes, msg: QueuedRequest) -> bool:
+        streamed, done = streamed_so_far(await self.redis.xrange(keys.output(msg.request_id)))
+        if not done:
+            try:
+                worker = self.pick(Target(msg.model, None))
+            except APIError:
+                return False  # no live worker for this model yet: retry next pass
+            moved = dataclasses.replace(msg, attempt=msg.attempt + 1, resume_token_ids=tuple(streamed))
+            await self.redis.xadd(keys.queue(worker.state.worker_id), {"m": moved.to_json()})
+            log.info(
+                "re-routed %s from %s to %s after %d tokens",
+                msg.request_id,
+                queue,
+                worker.state.worker_id,
+                len(streamed),
+            )
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(queue, keys.WORKER_GROUP, entry_id)
+        pipe.xdel(queue, entry_id)
+        await pipe.execute()
+        return not done

@@ -1,0 +1,46 @@
+"""Gateway configuration: a YAML/JSON file plus environment overrides, validated once at start-up.
+
+```yaml
+admin_token: change-me            # or $LORAGATE_ADMIN_TOKEN
+api_keys: {sk-dev-123: dev}       # API key -> tenant (more can be added at runtime via /admin/keys)
+adapter_roots: [/models/adapters] # registered adapter paths must lie under one of these
+max_queue_per_worker: 256         # beyond this on every candidate worker: 429
+request_timeout_s: 600
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    redis_url: str
+    admin_token: str | None = None
+    api_keys: dict[str, str] = field(default_factory=dict)
+    adapter_roots: tuple[Path, ...] = ()
+    max_queue_per_worker: int = 256
+    request_timeout_s: float = 600.0
+    first_event_timeout_s: float = 300.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    gateway_id: str = field(default_factory=lambda: f"gw-{os.getpid()}")
+
+    @staticmethod
+    def load(redis_url: str, path: Path | None = None, **overrides: Any) -> GatewaySettings:
+        raw: dict[str, Any] = {}
+        if path is not None:
+            text = path.read_text()
+            raw = json.loads(text) if path.suffix == ".json" else (yaml.safe_load(text) or {})
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        if os.environ.get("LORAGATE_ADMIN_TOKEN"):
+            raw["admin_token"] = os.environ["LORAGATE_ADMIN_TOKEN"]
+        roots = tuple(Path(p).resolve() for p in raw.pop("adapter_roots", ()))
+        keys = {str(k): str(v) for k, v in (raw.pop("api_keys", None) or {}).items()}
+        return GatewaySettings(redis_url=redis_url, adapter_roots=roots, api_keys=keys, **raw)
