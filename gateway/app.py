@@ -27,6 +27,7 @@ from gateway.tokenize import TokenizerStore
 from loragate.redis_url import connect_async
 
 log = logging.getLogger("loragate.gateway")
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -82,15 +83,17 @@ def create_app(settings: GatewaySettings) -> Starlette:
         }
         return JSONResponse(body, status_code=200 if live else 503)
 
-    def openai(name: str):  # type: ignore[no-untyped-def]
+    def openai(name: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:
-            return await getattr(OpenAIRoutes(ctx()), name)(request)  # type: ignore[no-any-return]
+            handler: Endpoint = getattr(OpenAIRoutes(ctx()), name)
+            return await handler(request)
 
         return endpoint
 
-    def admin(name: str):  # type: ignore[no-untyped-def]
+    def admin(name: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:
-            return await getattr(AdminRoutes(ctx()), name)(request)  # type: ignore[no-any-return]
+            handler: Endpoint = getattr(AdminRoutes(ctx()), name)
+            return await handler(request)
 
         return endpoint
 
