@@ -67,6 +67,12 @@ class Fleet:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def note_enqueued(self, worker_id: str) -> None:
+        """Count a request this gateway just queued, so routing sees it before the next refresh."""
+        view = self.workers.get(worker_id)
+        if view is not None:
+            self.workers[worker_id] = WorkerView(view.state, view.queue_len + 1)
+
     def serving(self, model: str) -> list[WorkerView]:
         return [w for w in self.workers.values() if w.state.model == model and not w.state.draining]
 

@@ -102,6 +102,7 @@ class OpenAIRoutes:
         rid = self._request_id(request, chat)
         if not await ctx.redis.exists(keys.output(rid)):
             worker = pick_worker(ctx.fleet, target, ctx.settings.max_queue_per_worker)
+            ctx.fleet.note_enqueued(worker.state.worker_id)  # before any await: concurrent picks see it
             msg = QueuedRequest(
                 rid,
                 target.base,

@@ -97,6 +97,7 @@ class Reaper:
                 return False  # no live worker for this model yet: retry next pass
             moved = dataclasses.replace(msg, attempt=msg.attempt + 1, resume_token_ids=tuple(streamed))
             await self.redis.xadd(keys.queue(worker.state.worker_id), {"m": moved.to_json()})
+            self.fleet.note_enqueued(worker.state.worker_id)
             log.info(
                 "re-routed %s from %s to %s after %d tokens",
                 msg.request_id,

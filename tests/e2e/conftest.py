@@ -1,0 +1,28 @@
+"""The end-to-end stack: real Redis, two real `tiny` workers, a real gateway on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.e2e.stack import Stack
+from worker.modelzoo.make import ZooPaths
+
+
+@pytest.fixture(scope="module")
+def stack(zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()
+    client.close()
+    s = Stack(zoo, redis_server, Path(tmp_path_factory.mktemp("stack")))
+    try:
+        s.start_worker("w1")
+        s.start_worker("w2")
+        s.start_gateway()
+        s.wait_ready(workers=2)
+        yield s
+    finally:
+        s.stop()

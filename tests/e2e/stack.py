@@ -1,0 +1,122 @@
+"""A real loragate stack for end-to-end tests: the session's Redis, worker and gateway processes.
+
+Processes are started exactly as `loragate up` starts them (`python -m loragate.cli ...`), on loopback,
+and can be SIGKILLed and restarted by the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from worker.modelzoo.make import ZooPaths
+
+API_KEYS = {"sk-test-alice": "alice", "sk-test-bob": "bob"}
+ADMIN_TOKEN = "admin-test-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stack:
+    def __init__(self, zoo: ZooPaths, redis_url: str, workdir: Path, **gateway_config: object):
+        self.zoo, self.redis_url, self.workdir = zoo, redis_url, workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.gateway: subprocess.Popen[bytes] | None = None
+        self.config = workdir / "gateway.json"
+        self.config.write_text(
+            json.dumps(
+                {
+                    "api_keys": API_KEYS,
+                    "admin_token": ADMIN_TOKEN,
+                    "adapter_roots": [str(zoo.root / "adapters")],
+                    **gateway_config,
+                }
+            )
+        )
+        self.env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+        with (self.workdir / log).open("ab") as out:  # the child keeps its own descriptor
+            return subprocess.Popen(
+                [sys.executable, "-m", "loragate.cli", *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def start_worker(self, worker_id: str, base: str = "tiny") -> None:
+        self.workers[worker_id] = self._spawn(
+            [
+                "worker",
+                "--model",
+                str(self.zoo.base(base)),
+                "--model-name",
+                base,
+                "--worker-id",
+                worker_id,
+                "--adapters",
+                str(self.zoo.root / "adapters" / base),
+                "--kv-cache-mb",
+                "64",
+            ],
+            f"{worker_id}.log",
+        )
+
+    def start_gateway(self) -> None:
+        self.gateway = self._spawn(
+            ["gateway", "--port", str(self.port), "--config", str(self.config)], "gateway.log"
+        )
+
+    def kill_worker(self, worker_id: str) -> None:
+        proc = self.workers.pop(worker_id)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def kill_gateway(self) -> None:
+        assert self.gateway is not None
+        self.gateway.send_signal(signal.SIGKILL)
+        self.gateway.wait()
+        self.gateway = None
+
+    def wait_ready(self, workers: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in [("gateway", self.gateway), *self.workers.items()]:
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited: {self.logs()}")
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=2)
+                if r.status_code == 200 and r.json()["workers"] >= workers:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"stack not ready: {self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.workdir.glob("*.log"))
+
+    def stop(self) -> None:
+        procs = [p for p in [self.gateway, *self.workers.values()] if p is not None]
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

@@ -1,0 +1,268 @@
+"""End to end through the official `openai` client: a real gateway, real Redis, real worker processes.
+
+Outputs equal the engine's offline greedy output; errors carry the right status; many concurrent
+streams complete; a worker SIGKILLed mid-stream and a gateway restart lose nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from loragate.types import Request, SamplingParams
+from tests.e2e.stack import ADMIN_TOKEN, Stack
+from worker.config import EngineConfig
+from worker.engine import LLMEngine
+from worker.modelzoo.make import ZooPaths
+
+KEY = "sk-test-alice"
+
+
+@pytest.fixture(scope="module")
+def offline(zoo: ZooPaths) -> LLMEngine:
+    adapters = {f"tiny:{n}": zoo.adapter("tiny", n) for n in zoo.adapter_names("tiny")}
+    return LLMEngine(zoo.base("tiny"), EngineConfig(adapters=adapters))
+
+
+def client(stack: Stack, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def expected_text(engine: LLMEngine, prompt: str, adapter: str | None, max_tokens: int) -> str:
+    tok: Tokenizer = engine.tokenizer
+    ids = tuple(tok.encode(prompt, add_special_tokens=False).ids)
+    req = Request(
+        f"ref-{time.monotonic_ns()}", ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True), adapter
+    )
+    return engine.generate([req])[0].text
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny:qv-r8", "all-r64"])
+def test_completions_equal_offline_greedy(stack: Stack, offline: LLMEngine, model: str) -> None:
+    prompt = "def parse_args(argv):\n    parser = "
+    res = client(stack).completions.create(
+        model=model, prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
+    adapter = None if model == "tiny" else (model if ":" in model else f"tiny:{model}")
+    assert res.choices[0].text == expected_text(offline, prompt, adapter, 12)
+    assert res.choices[0].finish_reason == "length"
+    assert res.usage is not None and res.usage.completion_tokens == 12
+    assert res.model == (model if ":" in model or model == "tiny" else f"tiny:{model}")
+
+
+def test_streaming_equals_non_streaming_for_chat(stack: Stack) -> None:
+    c = client(stack)
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "List 3 modules."},
+    ]
+    full = c.chat.completions.create(
+        model="tiny:attn-r16",
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(
+        c.chat.completions.create(
+            model="tiny:attn-r16",
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == full.choices[0].message.content
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finals == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 16 == (full.usage.completion_tokens if full.usage else 0)
+
+
+def test_stop_string_and_seeded_sampling(stack: Stack) -> None:
+    c = client(stack)
+    base = (
+        c.completions.create(
+            model="tiny", prompt="import os\n", max_tokens=20, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
+    stop = base[6:9]
+    cut = c.completions.create(
+        model="tiny",
+        prompt="import os\n",
+        max_tokens=20,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    ).choices[0]
+    assert cut.text == base[: base.find(stop)] and cut.finish_reason == "stop"
+    a, b = (
+        c.completions.create(
+            model="tiny",
+            prompt="x = ",
+            max_tokens=10,
+            temperature=1.0,
+            seed=7,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    )
+    assert a == b
+
+
+def test_models_lists_bases_and_allowed_adapters(stack: Stack) -> None:
+    ids = {m.id: m for m in client(stack).models.list().data}
+    assert {"auto", "tiny", "tiny:qv-r8", "tiny:all-r64"} <= set(ids)
+    assert ids["tiny:qv-r8"].model_extra and ids["tiny:qv-r8"].model_extra["parent"] == "tiny"
+
+
+def test_error_statuses(stack: Stack, zoo: ZooPaths) -> None:
+    c = client(stack)
+    with pytest.raises(openai.AuthenticationError):
+        client(stack, "sk-wrong").completions.create(model="tiny", prompt="x")
+    with pytest.raises(openai.NotFoundError) as nf:
+        c.completions.create(model="no-such-model", prompt="x")
+    assert nf.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as ctx_len:
+        c.completions.create(model="tiny", prompt="x", max_tokens=100_000)
+    assert ctx_len.value.code == "context_length_exceeded"
+    for bad in ({"n": 2}, {"temperature": 9}, {"stop": [""] * 5}, {"logprobs": 3}):
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model="tiny", prompt="x", **bad)  # type: ignore[call-overload]
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    private = {"path": str(zoo.adapter("tiny", "kv-r32")), "tenants": ["bob"]}
+    assert (
+        httpx.put(f"{stack.url}/admin/adapters/tiny/private-kv", json=private, headers=admin).status_code
+        == 201
+    )
+    with pytest.raises(openai.PermissionDeniedError):
+        c.completions.create(model="tiny:private-kv", prompt="x", max_tokens=2)
+    ok = client(stack, "sk-test-bob").completions.create(model="tiny:private-kv", prompt="x", max_tokens=2)
+    assert ok.usage is not None and ok.usage.completion_tokens == 2
+    ghost = {"path": str(zoo.adapter("tiny", "kv-r32"))}
+    assert httpx.put(f"{stack.url}/admin/adapters/ghost/kv", json=ghost, headers=admin).status_code == 201
+    with pytest.raises(openai.InternalServerError) as unavailable:
+        c.completions.create(model="ghost:kv", prompt="x")
+    assert unavailable.value.status_code == 503
+    big = httpx.post(
+        f"{stack.url}/v1/completions",
+        content=b"x" * (5 * 1024 * 1024),
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    broken = httpx.post(
+        f"{stack.url}/v1/completions", content=b"{not json", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert broken.status_code == 400 and "error" in broken.json()
+
+
+def test_fifty_concurrent_streams_across_two_adapters_complete(stack: Stack) -> None:
+    async def one(c: openai.AsyncOpenAI, i: int) -> tuple[str, str | None]:
+        stream = await c.completions.create(
+            model=["tiny:qv-r8", "tiny:mlp-r32"][i % 2],
+            prompt=f"item {i}:",
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        text, finish = "", None
+        async for chunk in stream:
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+        return text, finish
+
+    async def run() -> list[tuple[str, str | None]]:
+        c = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0, timeout=180)
+        try:
+            return await asyncio.gather(*(one(c, i) for i in range(50)))
+        finally:
+            await c.close()
+
+    results = asyncio.run(run())
+    assert len(results) == 50 and all(finish == "length" for _, finish in results)
+
+
+def _stream_text(
+    url: str, body: dict[str, object], request_id: str | None = None, first_worker: list[str] | None = None
+) -> tuple[str, str | None]:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    text, finish = "", None
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=180) as resp:
+        assert resp.status_code == 200, resp.read()
+        if first_worker is not None:
+            first_worker.append(resp.headers["x-loragate-worker"])
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choice = json.loads(line[6:])["choices"]
+                if choice:
+                    text += choice[0]["text"]
+                    finish = choice[0]["finish_reason"] or finish
+    return text, finish
+
+
+def test_worker_killed_mid_stream_every_request_completes(stack: Stack, offline: LLMEngine) -> None:
+    prompts = [f"class Handler{i}(object):\n    def " for i in range(6)]
+    bodies = [
+        {
+            "model": "tiny",
+            "prompt": p,
+            "max_tokens": 200,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        for p in prompts
+    ]
+    first_workers: list[str] = []
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(_stream_text, stack.url, b, None, first_workers) for b in bodies]
+        time.sleep(3.0)  # every request is streaming by now, on one worker or the other
+        stack.kill_worker("w1")
+        results = [f.result(timeout=240) for f in futures]
+    try:
+        assert set(first_workers) == {"w1", "w2"}  # spread over both workers; w1's requests had to move
+        for prompt, (text, finish) in zip(prompts, results, strict=True):
+            assert finish == "length"
+            assert text == expected_text(offline, prompt, None, 200)
+    finally:
+        stack.start_worker("w1")
+        stack.wait_ready(workers=2)
+
+
+def test_gateway_restart_loses_no_queued_request(stack: Stack, offline: LLMEngine) -> None:
+    prompts = [f"# step {i}\nfor x in " for i in range(4)]
+    body = {"model": "tiny", "max_tokens": 120, "temperature": 0, "stream": True, "ignore_eos": True}
+    ids = [f"restart-test-{i}-{time.monotonic_ns()}" for i in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [
+            pool.submit(_stream_text, stack.url, {**body, "prompt": p}, rid)
+            for p, rid in zip(prompts, ids, strict=True)
+        ]
+        time.sleep(1.5)
+        stack.kill_gateway()  # clients lose their connections; the requests stay queued in Redis
+        for f in futures:
+            with pytest.raises(httpx.HTTPError):
+                f.result(timeout=60)
+    stack.start_gateway()
+    stack.wait_ready(workers=2)
+    for prompt, rid in zip(prompts, ids, strict=True):  # the clients retry with the same request id
+        text, finish = _stream_text(stack.url, {**body, "prompt": prompt}, rid)
+        assert finish == "length" and text == expected_text(offline, prompt, None, 120)
