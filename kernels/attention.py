@@ -2,7 +2,9 @@
 (many queries per sequence, causal, attending to a cached prefix). GQA throughout.
 
 KV cache layout: `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, for K and V. A token's
-slot is `block_id * block_size + offset`. The backend follows the tensors' device.
+slot is `block_id * block_size + offset`. The backend follows the tensors' device (see `kernels.backend`):
+the Triton kernels of `kernels.attention_triton` on CUDA, `kernels.attention_torch` otherwise. The KV
+write is one `index_copy_` on either device.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from kernels.attention_torch import (
     paged_attention_prefill_torch,
     write_kv_torch,
 )
+from kernels.backend import use_triton
 
 
 def write_kv(
@@ -59,7 +62,12 @@ def paged_attention_decode(
         context_lens: Shape `[B]`, int64. Tokens in each sequence's context, the query's own included.
         scale: Softmax scale, usually `D ** -0.5`.
     """
-    paged_attention_decode_torch(out, q, k_cache, v_cache, block_tables, context_lens, scale)
+    if use_triton(q):
+        from kernels.attention_triton import paged_attention_decode_triton
+
+        paged_attention_decode_triton(out, q, k_cache, v_cache, block_tables, context_lens, scale)
+    else:
+        paged_attention_decode_torch(out, q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
 def paged_attention_prefill(
@@ -88,6 +96,10 @@ def paged_attention_prefill(
         context_lens: Shape `[B]`, int64. Context length per sequence, the new tokens included.
         scale: Softmax scale.
     """
-    paged_attention_prefill_torch(
-        out, q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
-    )
+    args = (out, q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+    if use_triton(q):
+        from kernels.attention_triton import paged_attention_prefill_triton
+
+        paged_attention_prefill_triton(*args)
+    else:
+        paged_attention_prefill_torch(*args)

@@ -1,15 +1,30 @@
 """CPU (torch) paths of the paged-attention kernels.
 
-Decode gathers whole KV blocks (one index per block, not per token) for all sequences at once and runs a
-single masked SDPA with the query heads of each KV head folded into the query-length axis (GQA without
-copying K/V per query head). Prefill loops over sequences (a handful per step), gathers each sequence's
-blocks and runs causal SDPA aligned to the end of its context, so a chunk attends to its cached prefix.
+Both paths gather whole KV blocks (one index per block, not per token) and fold the `G` query heads of
+each KV head into one matrix (GQA without copying K/V per query head). `loadtest.bench_kernels` drove
+two choices:
+
+- Decode works on groups of sequences sorted by context length, each group's gathered K/V kept near
+  `DECODE_GROUP_BYTES`. One padded gather for the whole batch allocates tens of MB per layer, and on this
+  machine fresh large buffers cost more in page faults than the attention itself; similar lengths per
+  group also keep the padding small.
+- Prefill runs explicit matmul → softmax → matmul over query tiles, visiting only the keys at or before
+  each tile's last query (a cached prefix plus the causal part of the chunk). Torch's CPU SDPA with a
+  mask was 2-7× slower on the same shapes. Scores and softmax are fp32; with bf16 storage the
+  probabilities multiply V in bf16, as the Triton kernel does.
+
+fp16 storage is computed in fp32 in both paths: fp16 matmuls are slow on CPUs.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+# Gathered K+V bytes per decode group: about half of one core's L2 here.
+DECODE_GROUP_BYTES = 1 << 20
+# fp32 score bytes per prefill query tile.
+PREFILL_TILE_BYTES = 2 << 20
 
 
 def write_kv_torch(
@@ -18,6 +33,22 @@ def write_kv_torch(
     kvh, hd = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, kvh, hd).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, kvh, hd).index_copy_(0, slot_mapping, v)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
+def _decode_groups(lens: list[int], block_size: int, block_bytes: int) -> list[tuple[int, int]]:
+    """`[start, end)` runs of the length-sorted (descending) batch, each within `DECODE_GROUP_BYTES`."""
+    groups = []
+    start = 0
+    while start < len(lens):
+        blocks = -(-lens[start] // block_size)
+        size = max(1, DECODE_GROUP_BYTES // max(1, blocks * block_bytes))
+        groups.append((start, min(len(lens), start + size)))
+        start += size
+    return groups
 
 
 def paged_attention_decode_torch(
@@ -30,18 +61,52 @@ def paged_attention_decode_torch(
     scale: float,
 ) -> None:
     batch, num_heads, head_dim = q.shape
+    if batch == 0:
+        return
     _, block_size, kvh, _ = k_cache.shape
     group = num_heads // kvh
-    max_ctx = int(context_lens.max())
-    num_blocks = -(-max_ctx // block_size)
-    tables = block_tables[:, :num_blocks].clamp_min(0)
-    ctx = num_blocks * block_size
-    k = k_cache[tables].view(batch, ctx, kvh, head_dim).transpose(1, 2)
-    v = v_cache[tables].view(batch, ctx, kvh, head_dim).transpose(1, 2)
-    mask = (torch.arange(ctx, device=q.device)[None, :] < context_lens[:, None])[:, None, None, :]
-    qg = q.view(batch, kvh, group, head_dim)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
-    out.copy_(o.reshape(batch, num_heads, head_dim))
+    dtype = _compute_dtype(q.dtype)
+    sorted_lens, order = torch.sort(context_lens, descending=True, stable=True)
+    lens = sorted_lens.tolist()
+    block_bytes = 2 * k_cache[0].numel() * k_cache.element_size()
+    for start, end in _decode_groups(lens, block_size, block_bytes):
+        n = end - start
+        idx = order[start:end]
+        num_blocks = -(-lens[start] // block_size)
+        ctx = num_blocks * block_size
+        # Entries past a shorter sequence's context may hold anything: clamp them to a real block.
+        tables = block_tables.index_select(0, idx)[:, :num_blocks].clamp(0, k_cache.shape[0] - 1).reshape(-1)
+        k = k_cache.index_select(0, tables).view(n, ctx, kvh, head_dim).transpose(1, 2).to(dtype)
+        v = v_cache.index_select(0, tables).view(n, ctx, kvh, head_dim).transpose(1, 2).to(dtype)
+        qg = q.index_select(0, idx).view(n, kvh, group, head_dim).to(dtype)
+        mask = None
+        if lens[end - 1] < ctx:
+            mask = (torch.arange(ctx, device=q.device) < sorted_lens[start:end, None])[:, None, None, :]
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+        out.index_copy_(0, idx, o.reshape(n, num_heads, head_dim).to(out.dtype))
+
+
+def _causal_attention(
+    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, tile: int
+) -> None:
+    """One sequence: queries `q [n, H, D]` are the last n of the context `k, v [ctx, KVH, D]`."""
+    n, num_heads, head_dim = q.shape
+    ctx, kvh = k.shape[0], k.shape[1]
+    group = num_heads // kvh
+    kt = k.permute(1, 2, 0).float()  # [KVH, D, ctx]
+    pv_dtype = _compute_dtype(v.dtype)
+    vv = v.transpose(0, 1).to(pv_dtype)  # [KVH, ctx, D]
+    for s in range(0, n, tile):
+        t = min(n, s + tile) - s
+        hi = ctx - n + s + t  # keys up to the tile's last query
+        qt = (q[s : s + t].float() * scale).view(t, kvh, group, head_dim).permute(1, 2, 0, 3)
+        scores = torch.bmm(qt.reshape(kvh, group * t, head_dim), kt[:, :, :hi]).view(kvh, group, t, hi)
+        # Within the tile's last t keys, query i sees keys 0..i (bottom-right aligned causal mask).
+        diag = torch.ones(t, t, dtype=torch.bool, device=q.device).triu_(1)
+        scores[..., hi - t :].masked_fill_(diag, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(pv_dtype).view(kvh, group * t, hi)
+        o = torch.bmm(probs, vv[:, :hi]).view(kvh, group, t, head_dim).permute(2, 0, 1, 3)
+        out[s : s + t] = o.reshape(t, num_heads, head_dim)
 
 
 def paged_attention_prefill_torch(
@@ -60,16 +125,10 @@ def paged_attention_prefill_torch(
     ctx_lens = context_lens.tolist()
     for i, ctx in enumerate(ctx_lens):
         s, e = starts[i], starts[i + 1]
-        q_len = e - s
+        if e == s:
+            continue
         blocks = block_tables[i, : -(-ctx // block_size)]
-        k = k_cache[blocks].view(-1, kvh, head_dim)[:ctx].transpose(0, 1)
-        v = v_cache[blocks].view(-1, kvh, head_dim)[:ctx].transpose(0, 1)
-        qi = q[s:e].transpose(0, 1)
-        if q_len == ctx:
-            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        else:
-            # Bottom-right causal: query j sits at absolute position ctx - q_len + j.
-            qpos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
-            mask = torch.arange(ctx, device=q.device)[None, :] <= qpos
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[s:e] = o.transpose(0, 1).reshape(q_len, num_heads, head_dim)
+        k = k_cache.index_select(0, blocks).view(-1, kvh, head_dim)[:ctx]
+        v = v_cache.index_select(0, blocks).view(-1, kvh, head_dim)[:ctx]
+        tile = max(16, min(256, PREFILL_TILE_BYTES // (4 * num_heads * ctx)))
+        _causal_attention(out[s:e], q[s:e], k, v, scale, tile)

@@ -4,13 +4,17 @@ Tokens of a step are grouped into segments, one adapter slot per segment (slot -
 A LoRA-wrapped projection computes `y += scale * (x @ A[slot]^T) @ B[slot]^T` per segment in two launches:
 `sgmv_shrink` (x → v, width = rank) then `sgmv_expand` (v → y, possibly into a column slice of a fused
 qkv / gate-up output). Adapter weights are stacked per layer and slot, padded to the largest rank; an
-optional rank table lets a backend skip the padding. The backend follows the tensors' device.
+optional rank table lets a backend skip the padding. The backend follows the tensors' device (see
+`kernels.backend`): the Triton kernels of `kernels.sgmv_triton` on CUDA, the torch loop of
+`kernels.sgmv_torch` otherwise. For decode-only steps (one token per sequence) `kernels.bgmv` is the
+per-token variant.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.backend import use_triton
 from kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
 
 
@@ -41,7 +45,12 @@ def sgmv_shrink(
         scale: Shape `[S]`. Per-slot LoRA scaling (alpha / r, or alpha / sqrt(r) with rsLoRA).
         ranks: Shape `[S]`, int64, optional. True rank per slot (0 = this module is not adapted).
     """
-    sgmv_shrink_torch(y, x, lora_a, seg_indptr, slot_ids, layer, scale, ranks)
+    if use_triton(x):
+        from kernels.sgmv_triton import sgmv_shrink_triton
+
+        sgmv_shrink_triton(y, x, lora_a, seg_indptr, slot_ids, layer, scale, ranks)
+    else:
+        sgmv_shrink_torch(y, x, lora_a, seg_indptr, slot_ids, layer, scale, ranks)
 
 
 def sgmv_expand(
@@ -70,4 +79,9 @@ def sgmv_expand(
         y_offset: First column of the slice of `y` this projection writes (q/k/v or gate/up part).
         ranks: Shape `[S]`, int64, optional. True rank per slot (0 = not adapted).
     """
-    sgmv_expand_torch(y, v, lora_b, seg_indptr, slot_ids, layer, y_offset, ranks)
+    if use_triton(v):
+        from kernels.sgmv_triton import sgmv_expand_triton
+
+        sgmv_expand_triton(y, v, lora_b, seg_indptr, slot_ids, layer, y_offset, ranks)
+    else:
+        sgmv_expand_torch(y, v, lora_b, seg_indptr, slot_ids, layer, y_offset, ranks)

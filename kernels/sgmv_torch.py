@@ -1,18 +1,71 @@
-"""CPU (torch) paths of the SGMV kernels: one matmul pair per segment, no per-token loops.
+"""CPU (torch) path of the SGMV kernels, and the segment loop behind the BGMV one: one matmul per segment.
 
 Segments come from `LoRABatchMeta`: a step has at most `max_loras` adapters, so the loop runs a handful
-of times per projection. With a rank table, each slot's padded weights are sliced to its true rank, so a
-rank-8 adapter stacked in a rank-64 buffer costs rank-8 work.
+of times per projection, never per token. With a rank table, each slot's padded weights are sliced to its
+true rank, so a rank-8 adapter stacked in a rank-64 buffer costs rank-8 work. Gathering each token's
+weights for one batched matmul (gather-bmm) is the alternative; `loadtest.bench_kernels` measures it
+9-100× slower here, as it copies `T × R × H` weights per call.
+
+16-bit inputs: fp16 matmuls are slow on CPUs, so fp16 segments run in fp32. A bf16 matmul costs ~25 µs
+of fixed overhead here (oneDNN), so short bf16 segments (decode) run in fp32 too; long ones stay in bf16.
 """
 
 from __future__ import annotations
 
 import torch
 
+# Up to this many rows, a bf16 segment is cheaper upcast to fp32 than on the bf16 (AMX/oneDNN) path.
+BF16_FP32_MAX_ROWS = 8
 
-def _segments(seg_indptr: torch.Tensor, slot_ids: torch.Tensor) -> list[tuple[int, int, int]]:
+Segment = tuple[int, int, int]
+
+
+def segments_of(seg_indptr: torch.Tensor, slot_ids: torch.Tensor) -> list[Segment]:
+    """`(start, end, slot)` of every non-empty segment with an adapter."""
     bounds = seg_indptr.tolist()
-    return [(bounds[i], bounds[i + 1], s) for i, s in enumerate(slot_ids.tolist()) if s >= 0]
+    return [
+        (bounds[i], bounds[i + 1], s)
+        for i, s in enumerate(slot_ids.tolist())
+        if s >= 0 and bounds[i + 1] > bounds[i]
+    ]
+
+
+def _addmm(out: torch.Tensor, a: torch.Tensor, b_t: torch.Tensor, alpha: float = 1.0) -> None:
+    """`out += alpha * a @ b_t`, in fp32 where the 16-bit matmul is the slower one."""
+    if out.dtype == torch.float16 or (out.dtype == torch.bfloat16 and a.shape[0] <= BF16_FP32_MAX_ROWS):
+        out.add_(torch.mm(a.float(), b_t.float()), alpha=alpha)
+    else:
+        out.addmm_(a, b_t, alpha=alpha)
+
+
+def shrink_segments(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    segments: list[Segment],
+    scale: torch.Tensor,
+    ranks: torch.Tensor | None,
+) -> None:
+    scales = scale.tolist()
+    rank_list = ranks.tolist() if ranks is not None else None
+    for start, end, slot in segments:
+        r = rank_list[slot] if rank_list is not None else weights.shape[1]
+        if r:
+            _addmm(y[start:end, :r], x[start:end], weights[slot, :r].t(), alpha=scales[slot])
+
+
+def expand_segments(
+    y: torch.Tensor,
+    v: torch.Tensor,
+    weights: torch.Tensor,
+    segments: list[Segment],
+    ranks: torch.Tensor | None,
+) -> None:
+    rank_list = ranks.tolist() if ranks is not None else None
+    for start, end, slot in segments:
+        r = rank_list[slot] if rank_list is not None else weights.shape[2]
+        if r:
+            _addmm(y[start:end], v[start:end, :r], weights[slot, :, :r].t())
 
 
 def sgmv_shrink_torch(
@@ -25,14 +78,7 @@ def sgmv_shrink_torch(
     scale: torch.Tensor,
     ranks: torch.Tensor | None = None,
 ) -> None:
-    scales = scale.tolist()
-    rank_list = ranks.tolist() if ranks is not None else None
-    weights = lora_a[layer]
-    for start, end, slot in _segments(seg_indptr, slot_ids):
-        r = rank_list[slot] if rank_list is not None else weights.shape[1]
-        if r == 0 or start == end:
-            continue
-        y[start:end, :r].addmm_(x[start:end], weights[slot, :r].t(), alpha=scales[slot])
+    shrink_segments(y, x, lora_a[layer], segments_of(seg_indptr, slot_ids), scale, ranks)
 
 
 def sgmv_expand_torch(
@@ -45,11 +91,5 @@ def sgmv_expand_torch(
     y_offset: int = 0,
     ranks: torch.Tensor | None = None,
 ) -> None:
-    rank_list = ranks.tolist() if ranks is not None else None
-    weights = lora_b[layer]
-    out = weights.shape[1]
-    for start, end, slot in _segments(seg_indptr, slot_ids):
-        r = rank_list[slot] if rank_list is not None else weights.shape[2]
-        if r == 0 or start == end:
-            continue
-        y[start:end, y_offset : y_offset + out].addmm_(v[start:end, :r], weights[slot, :, :r].t())
+    out = y.narrow(1, y_offset, lora_b.shape[2])
+    expand_segments(out, v, lora_b[layer], segments_of(seg_indptr, slot_ids), ranks)

@@ -1,0 +1,44 @@
+"""Which implementation runs a kernel call: the Triton kernels for CUDA tensors, the torch paths otherwise.
+
+`LORAGATE_KERNEL_BACKEND` overrides the choice: `torch` forces the torch paths (on any device) and `triton`
+forces the Triton kernels. Triton on CPU tensors only works under the Triton interpreter
+(`TRITON_INTERPRET=1` set before the `kernels.*_triton` modules are imported), which is how the tests
+prove the kernels on a machine without a GPU. Nothing here imports triton, so the CPU engine runs
+without it installed; the public functions import the Triton modules only when they dispatch to them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import cache
+
+import torch
+
+BACKEND_ENV = "LORAGATE_KERNEL_BACKEND"
+BACKENDS = ("auto", "torch", "triton")
+
+
+@cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True when a kernel call on `t` goes to Triton (see the module docstring for the rules)."""
+    choice = os.environ.get(BACKEND_ENV, "auto")
+    if choice == "auto":
+        return t.is_cuda and triton_available()
+    if choice == "torch":
+        return False
+    if choice != "triton":
+        raise ValueError(f"{BACKEND_ENV}={choice!r}; expected one of {BACKENDS}")
+    if not triton_available():
+        raise RuntimeError(f"{BACKEND_ENV}=triton but triton is not installed")
+    if not t.is_cuda and not triton_interpreting():
+        raise RuntimeError(f"{BACKEND_ENV}=triton on {t.device} tensors needs TRITON_INTERPRET=1")
+    return True

@@ -1,0 +1,54 @@
+# mypy: allow-untyped-defs
+# (@triton.jit kernels take untyped pointers and scalars; their wrappers below are typed.)
+"""Shared pieces of the Triton kernels: the matrix-multiply helper and the launch-time checks.
+
+Two interpreter traps shape this module. Under `TRITON_INTERPRET=1` a bf16 `tl.dot` returns garbage, so
+kernels upcast its operands to fp32 there (and only there: a GPU multiplies bf16 natively). The
+interpreter also accepts `tl.dot` tiles smaller than 16, which a GPU rejects at compile time, so every
+wrapper checks its tiles with `require_dot_tiles` before launching.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import triton_interpreting
+
+MIN_DOT_TILE = 16
+# Hopper (H100 SXM) streaming multiprocessors: the split heuristics aim for about two programs per SM.
+HOPPER_SMS = 132
+
+
+@triton.jit
+def mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """`acc + a @ b` with fp32 accumulation; fp32 operands use exact (`ieee`) products, not TF32."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+def dot_flags(dtype: torch.dtype) -> tuple[bool, str]:
+    """`(UPCAST, PRECISION)` for `mma` on operands of `dtype`."""
+    upcast = triton_interpreting() and dtype == torch.bfloat16
+    # The precision only applies to fp32 operands; 16-bit ones multiply natively whatever it says.
+    return upcast, "ieee" if dtype == torch.float32 else "tf32"
+
+
+def require_dot_tiles(**tiles: int) -> None:
+    small = {name: size for name, size in tiles.items() if size < MIN_DOT_TILE}
+    if small:
+        raise ValueError(f"tl.dot tiles must be at least {MIN_DOT_TILE} wide on a GPU; got {small}")
+
+
+def pow2_tile(n: int, lo: int = MIN_DOT_TILE, hi: int = 128) -> int:
+    """The power-of-two tile covering `n`, clamped to `[lo, hi]`."""
+    return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
+
+
+def require_unit_last_stride(**tensors: torch.Tensor) -> None:
+    strided = [name for name, t in tensors.items() if t.stride(-1) != 1]
+    if strided:
+        raise ValueError(f"the Triton kernels need a unit stride in the last dimension: {strided}")

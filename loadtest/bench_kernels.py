@@ -1,0 +1,303 @@
+"""Micro-benchmark of the kernels' CPU paths against the naive reference and the obvious alternative.
+
+Each case times the public kernel (torch backend) on a realistic step, the per-token float64 reference
+of `kernels.reference` ("naive"), and the other batched formulation ("alt"):
+gather-bmm for LoRA (each token's adapter weights gathered, one batched matmul), and one padded gather
+plus torch's masked SDPA for attention (the kernels' previous CPU path). Kernel outputs are checked
+against the reference before timing. Shapes: hidden 512 (the zoo's `small`) and 2048, 64–256 tokens,
+16 adapters of ranks 8–64 with Zipf popularity and base-model tokens, 8 query / 2 KV heads.
+
+    python -m loadtest.bench_kernels [--threads 1] [--repeats 15] [--quick]
+
+The last line printed is one JSON object: per case the median times (ms) and the speed-ups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels import (
+    LoRABatchMeta,
+    bgmv_expand,
+    bgmv_shrink,
+    paged_attention_decode,
+    paged_attention_prefill,
+    sgmv_expand,
+    sgmv_shrink,
+)
+from kernels.backend import BACKEND_ENV
+from kernels.reference import attention_ref, gather_context, sgmv_expand_ref, sgmv_shrink_ref
+
+RANKS = (8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Timing:
+    name: str
+    kernel_ms: float
+    naive_ms: float
+    alt_ms: float
+    max_rel_err: float
+
+    def row(self) -> str:
+        vs_naive, vs_alt = self.naive_ms / self.kernel_ms, self.alt_ms / self.kernel_ms
+        return (
+            f"{self.name:<52} {self.kernel_ms:10.3f} {self.naive_ms:10.2f} {vs_naive:8.1f}x"
+            f" {self.alt_ms:10.3f} {vs_alt:8.1f}x"
+        )
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "kernel_ms": round(self.kernel_ms, 4),
+            "naive_ms": round(self.naive_ms, 3),
+            "alt_ms": round(self.alt_ms, 4),
+            "speedup_vs_naive": round(self.naive_ms / self.kernel_ms, 2),
+            "speedup_vs_alt": round(self.alt_ms / self.kernel_ms, 2),
+            "max_rel_err": float(f"{self.max_rel_err:.2e}"),
+        }
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def zipf_slots(
+    num_tokens: int, num_adapters: int, gen: torch.Generator, base_share: float = 0.1
+) -> list[int]:
+    """Per-token slots, Zipf-popular adapters plus base tokens (-1), grouped by slot as the engine does."""
+    zipf = [1.0 / (i + 1) for i in range(num_adapters)]
+    weights = torch.tensor([*zipf, sum(zipf) * base_share / (1 - base_share)])
+    draws = torch.multinomial(weights, num_tokens, replacement=True, generator=gen)
+    return sorted(int(d) if d < num_adapters else -1 for d in draws)
+
+
+def lora_case(
+    name: str, tokens: int, hidden: int, out: int, dtype: torch.dtype, per_token: bool, repeats: int
+) -> Timing:
+    """One adapted projection: shrink then expand, into a column slice of a fused output."""
+    gen = torch.Generator().manual_seed(tokens + hidden)
+    slots_n, rank = 16, max(RANKS)
+    slots = zipf_slots(tokens, slots_n, gen)
+    if per_token:  # decode: sequences in arrival order, not grouped by adapter
+        slots = [slots[i] for i in torch.randperm(tokens, generator=gen).tolist()]
+    ranks = torch.tensor([RANKS[i % len(RANKS)] for i in range(slots_n)])
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    a = (torch.randn(1, slots_n, rank, hidden, generator=gen) / hidden**0.5).to(dtype)
+    b = (torch.randn(1, slots_n, out, rank, generator=gen) / rank**0.5).to(dtype)
+    for s, r in enumerate(ranks.tolist()):
+        a[0, s, r:] = 0
+        b[0, s, :, r:] = 0
+    scale = torch.rand(slots_n, generator=gen) + 0.5
+    y0 = torch.randn(tokens, 2 * out, generator=gen).to(dtype)
+    meta = LoRABatchMeta.from_token_slots(slots)
+
+    def kernel() -> torch.Tensor:
+        y, v = y0.clone(), x.new_zeros(tokens, rank)
+        if per_token:
+            bgmv_shrink(v, x, a, meta.token_slots, 0, scale, ranks)
+            bgmv_expand(y, v, b, meta.token_slots, 0, out, ranks)
+        else:
+            sgmv_shrink(v, x, a, meta.seg_indptr, meta.slot_ids, 0, scale, ranks)
+            sgmv_expand(y, v, b, meta.seg_indptr, meta.slot_ids, 0, out, ranks)
+        return y
+
+    def naive() -> torch.Tensor:
+        v = sgmv_shrink_ref(x, a, slots, 0, scale, ranks.tolist())
+        return sgmv_expand_ref(y0, v, b, slots, 0, out, ranks.tolist())
+
+    def gather_bmm() -> torch.Tensor:
+        idx = meta.token_slots.clamp_min(0)
+        keep = (meta.token_slots >= 0).to(dtype)[:, None]
+        v = torch.bmm(a[0].index_select(0, idx), x[:, :, None])[:, :, 0] * (scale[idx, None] * keep).to(dtype)
+        y = y0.clone()
+        y[:, out:] += torch.bmm(b[0].index_select(0, idx), v[:, :, None])[:, :, 0]
+        return y
+
+    err = rel_err(kernel(), naive())
+    return Timing(
+        name,
+        median_ms(kernel, repeats),
+        median_ms(naive, max(3, repeats // 5)),
+        median_ms(gather_bmm, max(3, repeats // 3)),
+        err,
+    )
+
+
+def paged_cache(
+    ctx_lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype, gen: torch.Generator, bs: int = 16
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
+    """A KV cache holding each sequence's context in shuffled blocks, and the block table."""
+    counts = [-(-c // bs) for c in ctx_lens]
+    num_blocks = sum(counts) + 4
+    k = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).to(dtype)
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for c in counts:
+        tables.append(perm[used : used + c])
+        used += c
+    width = max(counts)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    return k, v, table, tables
+
+
+def padded_sdpa_decode(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    kc: torch.Tensor,
+    vc: torch.Tensor,
+    bt: torch.Tensor,
+    lens: torch.Tensor,
+) -> None:
+    """The alternative: one gather of every sequence padded to the longest, one masked SDPA."""
+    batch, heads, hd = q.shape
+    bs, kvh = kc.shape[1], kc.shape[2]
+    nb = -(-int(lens.max()) // bs)
+    k = kc[bt[:, :nb]].view(batch, nb * bs, kvh, hd).transpose(1, 2)
+    v = vc[bt[:, :nb]].view(batch, nb * bs, kvh, hd).transpose(1, 2)
+    mask = (torch.arange(nb * bs)[None, :] < lens[:, None])[:, None, None, :]
+    o = F.scaled_dot_product_attention(q.view(batch, kvh, heads // kvh, hd), k, v, attn_mask=mask)
+    out.copy_(o.reshape(batch, heads, hd))
+
+
+def decode_case(name: str, batch: int, max_ctx: int, dtype: torch.dtype, repeats: int) -> Timing:
+    gen = torch.Generator().manual_seed(batch + max_ctx)
+    heads, kvh, hd = 8, 2, 64
+    lens = torch.randint(1, max_ctx + 1, (batch,), generator=gen)
+    kc, vc, bt, tables = paged_cache(lens.tolist(), kvh, hd, dtype, gen)
+    q = torch.randn(batch, heads, hd, generator=gen).to(dtype)
+    out = torch.empty_like(q)
+    scale = hd**-0.5
+
+    def naive() -> torch.Tensor:
+        rows = []
+        for i, c in enumerate(lens.tolist()):
+            k, v = gather_context(kc, tables[i], c), gather_context(vc, tables[i], c)
+            rows.append(attention_ref(q[i : i + 1], k, v, [c - 1], scale))
+        return torch.cat(rows)
+
+    paged_attention_decode(out, q, kc, vc, bt, lens, scale)
+    err = rel_err(out, naive())
+    return Timing(
+        name,
+        median_ms(lambda: paged_attention_decode(out, q, kc, vc, bt, lens, scale), repeats),
+        median_ms(naive, 3),
+        median_ms(lambda: padded_sdpa_decode(out, q, kc, vc, bt, lens), repeats),
+        err,
+    )
+
+
+def prefill_case(
+    name: str, q_lens: list[int], prefixes: list[int], dtype: torch.dtype, repeats: int
+) -> Timing:
+    gen = torch.Generator().manual_seed(sum(q_lens) + sum(prefixes))
+    heads, kvh, hd = 8, 2, 64
+    ctx = [n + p for n, p in zip(q_lens, prefixes, strict=True)]
+    kc, vc, bt, tables = paged_cache(ctx, kvh, hd, dtype, gen)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
+    q = torch.randn(int(qsl[-1]), heads, hd, generator=gen).to(dtype)
+    out = torch.empty_like(q)
+    lens, scale = torch.tensor(ctx), hd**-0.5
+
+    def naive() -> torch.Tensor:
+        rows = []
+        for i, c in enumerate(ctx):
+            k, v = gather_context(kc, tables[i], c), gather_context(vc, tables[i], c)
+            rows.append(attention_ref(q[qsl[i] : qsl[i + 1]], k, v, list(range(c - q_lens[i], c)), scale))
+        return torch.cat(rows)
+
+    def masked_sdpa() -> None:
+        for i, c in enumerate(ctx):
+            k = gather_context(kc, tables[i], c).transpose(0, 1)
+            v = gather_context(vc, tables[i], c).transpose(0, 1)
+            mask = torch.arange(c)[None, :] <= torch.arange(c - q_lens[i], c)[:, None]
+            qi = q[qsl[i] : qsl[i + 1]].transpose(0, 1)
+            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+            out[qsl[i] : qsl[i + 1]] = o.transpose(0, 1)
+
+    paged_attention_prefill(out, q, kc, vc, bt, qsl, lens, scale)
+    err = rel_err(out, naive())
+    return Timing(
+        name,
+        median_ms(lambda: paged_attention_prefill(out, q, kc, vc, bt, qsl, lens, scale), repeats),
+        median_ms(naive, 1),
+        median_ms(masked_sdpa, repeats),
+        err,
+    )
+
+
+def run_cases(repeats: int, quick: bool) -> list[Timing]:
+    results = []
+    dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
+    for dtype in dtypes:
+        tag = "fp32" if dtype == torch.float32 else "bf16"
+        lora = [
+            ("sgmv decode T=64 H=512", 64, 512, 512, False),
+            ("sgmv prefill T=256 H=512", 256, 512, 512, False),
+            ("sgmv prefill T=256 H=2048", 256, 2048, 2048, False),
+            ("bgmv decode T=64 H=2048", 64, 2048, 2048, True),
+        ]
+        for name, tokens, hidden, out, per_token in lora[: 2 if quick else None]:
+            results.append(lora_case(f"{name} {tag}", tokens, hidden, out, dtype, per_token, repeats))
+        results.append(decode_case(f"attn decode B=64 ctx<=512 {tag}", 64, 512, dtype, repeats))
+        if not quick:
+            results.append(decode_case(f"attn decode B=128 ctx<=1024 {tag}", 128, 1024, dtype, repeats))
+        prefill = [([256], [0]), ([128, 64, 64], [384, 0, 512])]
+        for q_lens, prefixes in prefill[: 1 if quick else None]:
+            label = f"attn prefill q={q_lens} prefix={prefixes} {tag}"
+            results.append(prefill_case(label, q_lens, prefixes, dtype, repeats))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared box)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=15, help="timed runs per measurement (median reported)"
+    )
+    parser.add_argument("--quick", action="store_true", help="fp32 and the smallest cases only")
+    args = parser.parse_args(argv)
+    os.environ[BACKEND_ENV] = "torch"  # the CPU paths are what this measures, whatever the caller's setting
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        results = run_cases(args.repeats, args.quick)
+    print(f"{'case':<52} {'kernel ms':>10} {'naive ms':>10} {'vs naive':>9} {'alt ms':>10} {'vs alt':>9}")
+    for r in results:
+        print(r.row())
+    speedups = [r.naive_ms / r.kernel_ms for r in results]
+    alt = [r.alt_ms / r.kernel_ms for r in results]
+    summary = {
+        "threads": args.threads,
+        "cases": {r.name: r.summary() for r in results},
+        "geomean_speedup_vs_naive": round(math.exp(sum(map(math.log, speedups)) / len(speedups)), 2),
+        "geomean_speedup_vs_alt": round(math.exp(sum(map(math.log, alt)) / len(alt)), 2),
+        "max_rel_err": float(f"{max(r.max_rel_err for r in results):.2e}"),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""Kernel-test plumbing: where and on what device the Triton tests (`test_*_triton.py`) run.
+
+On a machine with a GPU they run here, on CUDA tensors, compiled. Without one they need the Triton
+interpreter on CPU tensors, and `triton.jit` decides when a module is imported whether its kernels (and
+triton.language's own jit'd helpers such as `tl.sum`) are compiled or interpreted, so
+`TRITON_INTERPRET=1` must be set before triton is first imported. In a plain `pytest` run that has
+already happened (the root conftest imports peft, which imports triton), so the files are not collected
+there; `test_triton_interpreter.py` runs them in a child pytest with the variable set from the start.
+To run them directly:
+
+    TRITON_INTERPRET=1 pytest tests/kernels -k triton
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.backend import BACKEND_ENV, triton_interpreting
+from tests.kernels.kernel_testing import INTERPRETER_TESTS
+
+
+def triton_device() -> str:
+    """Where the Triton tests put their tensors: CPU under the interpreter, else the GPU."""
+    return "cpu" if triton_interpreting() else "cuda"
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    if collection_path.match(INTERPRETER_TESTS) and not (triton_interpreting() or torch.cuda.is_available()):
+        return True
+    return None
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Triton tests' device, with the public kernels routed to Triton for the test."""
+    monkeypatch.setenv(BACKEND_ENV, "triton")
+    return triton_device()

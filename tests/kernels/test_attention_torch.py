@@ -1,0 +1,109 @@
+"""The CPU paged-attention paths against the float64 reference: block sizes, GQA ratios, dtypes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels.attention_torch
+from kernels import paged_attention_decode, paged_attention_prefill, write_kv
+from tests.kernels.kernel_testing import (
+    TOLERANCE,
+    decode_reference,
+    paged_kv,
+    prefill_reference,
+    query_start_loc,
+    rel_err,
+)
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GQA = [(4, 4), (8, 2), (8, 1)]  # (query heads, KV heads): ratios 1, 4, 8
+
+
+def run_decode(
+    ctx_lens: list[int], block_size: int, heads: tuple[int, int], head_dim: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    kv = paged_kv(ctx_lens, block_size, heads[1], head_dim, dtype, gen)
+    q = torch.randn(len(ctx_lens), heads[0], head_dim, generator=gen).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    scale = head_dim**-0.5
+    paged_attention_decode(out, q, kv.k, kv.v, kv.block_tables, torch.tensor(ctx_lens), scale)
+    return out, decode_reference(q, kv, ctx_lens, scale)
+
+
+def run_prefill(
+    q_lens: list[int],
+    prefixes: list[int],
+    block_size: int,
+    heads: tuple[int, int],
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ctx = [n + p for n, p in zip(q_lens, prefixes, strict=True)]
+    kv = paged_kv(ctx, block_size, heads[1], head_dim, dtype, gen)
+    q = torch.randn(sum(q_lens), heads[0], head_dim, generator=gen).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    scale = head_dim**-0.5
+    args = (kv.block_tables, query_start_loc(q_lens), torch.tensor(ctx), scale)
+    paged_attention_prefill(out, q, kv.k, kv.v, *args)
+    return out, prefill_reference(q, kv, q_lens, ctx, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("heads", GQA, ids=lambda h: f"H{h[0]}-KVH{h[1]}")
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_decode_matches_reference(
+    block_size: int, heads: tuple[int, int], head_dim: int, dtype: torch.dtype
+) -> None:
+    # Lengths of 1 token, exact block multiples, and ragged ones; poisoned (NaN) output.
+    ctx_lens = [1, block_size, 2 * block_size + 3, 70, 5, 3 * block_size]
+    out, ref = run_decode(ctx_lens, block_size, heads, head_dim, dtype, seed=block_size + head_dim)
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+def test_decode_splits_a_large_batch_into_length_sorted_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels.attention_torch, "DECODE_GROUP_BYTES", 8 * 1024)
+    gen = torch.Generator().manual_seed(3)
+    ctx_lens = torch.randint(1, 120, (40,), generator=gen).tolist()
+    out, ref = run_decode(ctx_lens, 16, (8, 2), 32, torch.float32, seed=4)
+    assert rel_err(out, ref) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads", GQA, ids=lambda h: f"H{h[0]}-KVH{h[1]}")
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize(
+    ("q_lens", "prefixes"),
+    [([37], [0]), ([20, 1, 9], [45, 17, 0]), ([16, 33], [16, 64])],
+    ids=["prefill", "chunked-with-prefix", "block-aligned"],
+)
+def test_prefill_matches_reference(
+    q_lens: list[int], prefixes: list[int], block_size: int, heads: tuple[int, int], dtype: torch.dtype
+) -> None:
+    out, ref = run_prefill(q_lens, prefixes, block_size, heads, 32, dtype, seed=sum(q_lens) + block_size)
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+def test_prefill_query_tiles_meet_at_the_causal_diagonal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels.attention_torch, "PREFILL_TILE_BYTES", 1)  # 16-query tiles
+    out, ref = run_prefill([50, 23], [0, 30], 16, (8, 2), 64, torch.float32, seed=9)
+    assert rel_err(out, ref) < TOLERANCE[torch.float32]
+
+
+def test_write_kv_stores_each_token_at_its_slot() -> None:
+    gen = torch.Generator().manual_seed(0)
+    k_cache = torch.zeros(4, 8, 2, 16)
+    v_cache = torch.zeros(4, 8, 2, 16)
+    k, v = torch.randn(3, 2, 16, generator=gen), torch.randn(3, 2, 16, generator=gen)
+    write_kv(k_cache, v_cache, k, v, torch.tensor([0, 13, 31]))
+    assert (
+        torch.equal(k_cache[0, 0], k[0])
+        and torch.equal(k_cache[1, 5], k[1])
+        and torch.equal(k_cache[3, 7], k[2])
+    )
+    assert torch.equal(v_cache[1, 5], v[1])
+    assert int((k_cache != 0).any(-1).any(-1).sum()) == 3

@@ -1,0 +1,62 @@
+"""The CPU SGMV path against the float64 per-token reference, over adapter popularity, ranks and dtypes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import LoRABatchMeta
+from tests.kernels.kernel_testing import (
+    POPULARITIES,
+    RANK_SETS,
+    check_expand,
+    check_shrink,
+    lora_case,
+    run_sgmv_expand,
+    run_sgmv_shrink,
+)
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("base_share", [0.0, 0.3])
+@pytest.mark.parametrize("popularity", POPULARITIES)
+def test_shrink_and_expand_match_reference_for_each_popularity(
+    popularity: str, base_share: float, dtype: torch.dtype
+) -> None:
+    for seed in range(3):
+        case = lora_case(popularity, base_share, dtype, seed, num_seqs=12, max_len=20, hidden=96, out=72)
+        check_shrink(case, run_sgmv_shrink(case))
+        check_expand(case, run_sgmv_expand(case))
+
+
+@pytest.mark.parametrize("rank_table", [True, False])
+@pytest.mark.parametrize("rank_set", sorted(RANK_SETS))
+def test_ranks_padded_or_from_the_rank_table(rank_set: str, rank_table: bool) -> None:
+    case = lora_case("uniform", 0.2, torch.float32, 7, rank_set=rank_set, rank_table=rank_table)
+    check_shrink(case, run_sgmv_shrink(case))
+    check_expand(case, run_sgmv_expand(case))
+
+
+@pytest.mark.parametrize("popularity", ["uniform", "zipf"])
+def test_ungrouped_tokens_make_more_segments_with_repeated_slots(popularity: str) -> None:
+    case = lora_case(popularity, 0.3, torch.float32, 11, grouped=False, num_seqs=16)
+    meta = LoRABatchMeta.from_token_slots(case.slots)
+    assert len(meta.slot_ids) > len(set(case.slots))
+    check_shrink(case, run_sgmv_shrink(case))
+    check_expand(case, run_sgmv_expand(case))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_long_16bit_segments_take_the_16bit_matmul(dtype: torch.dtype) -> None:
+    case = lora_case("identical", 0.0, dtype, 3, num_seqs=4, max_len=64, hidden=256, out=128)
+    check_shrink(case, run_sgmv_shrink(case))
+    check_expand(case, run_sgmv_expand(case))
+
+
+def test_all_tokens_without_adapter_leave_outputs_untouched() -> None:
+    case = lora_case("uniform", 1.0, torch.float32, 5)
+    assert set(case.slots) == {-1}
+    assert torch.equal(run_sgmv_shrink(case), case.y0)
+    assert torch.equal(run_sgmv_expand(case), case.out0)
