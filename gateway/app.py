@@ -19,6 +19,7 @@ from gateway.context import GatewayContext
 from gateway.errors import APIError
 from gateway.fleet import Fleet
 from gateway.openai_api import OpenAIRoutes
+from gateway.prefix_index import ApproxPrefixIndex
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
 from gateway.router import pick_worker
@@ -64,7 +65,15 @@ def create_app(settings: GatewaySettings) -> Starlette:
         )
         reaper.start()
         holder["ctx"] = GatewayContext(
-            settings, r, fleet, Catalog(r, fleet), Authenticator(settings, r), mux, reaper, TokenizerStore()
+            settings,
+            r,
+            fleet,
+            Catalog(r, fleet),
+            Authenticator(settings, r),
+            mux,
+            reaper,
+            TokenizerStore(),
+            ApproxPrefixIndex(),
         )
         try:
             yield

@@ -13,6 +13,7 @@ from gateway.auth import Authenticator
 from gateway.catalog import Catalog
 from gateway.errors import APIError, bad_request
 from gateway.fleet import Fleet
+from gateway.prefix_index import ApproxPrefixIndex
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
 from gateway.settings import GatewaySettings
@@ -29,6 +30,7 @@ class GatewayContext:
     mux: OutputMux
     reaper: Reaper
     tokenizers: TokenizerStore
+    prefix_index: ApproxPrefixIndex
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:

@@ -1,7 +1,9 @@
-"""The gateway's view of the fleet: live workers (unexpired heartbeats) and their queue depths.
+"""The gateway's view of the fleet: live workers (unexpired heartbeats) and their outstanding requests.
 
 Refreshed in the background about every half second with one SCAN + MGET + pipelined XLEN; request
-handlers read the latest snapshot without touching Redis.
+handlers read the latest snapshot without touching Redis. A worker deletes a queue entry only when the
+request has finished, so the length of its queue stream is its outstanding work — queued in Redis plus
+running or waiting in its engine — and, unlike the heartbeat's counters, it is never a second stale.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ log = logging.getLogger("loragate.gateway")
 @dataclass(frozen=True)
 class WorkerView:
     state: WorkerState
-    queue_len: int
+    queue_len: int  # outstanding requests: entries of lg:q:{worker} (deleted when finished)
 
     @property
     def load(self) -> int:
-        return self.state.running + self.state.waiting + self.queue_len
+        return self.queue_len
 
 
 class Fleet:

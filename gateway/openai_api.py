@@ -27,6 +27,7 @@ from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request
 from gateway.router import pick_worker
 from loragate import keys
+from loragate.hashing import block_hashes
 from loragate.messages import OutputEvent, QueuedRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
@@ -100,9 +101,14 @@ class OpenAIRoutes:
             )
         params = protocol.sampling_params(parsed, max_tokens)
         rid = self._request_id(request, chat)
+        adapter_key = target.adapter.key if target.adapter else None
+        # The same chained, adapter-keyed hashes the worker's prefix cache uses.
+        hashes = block_hashes(prompt, state.block_size, adapter_key)
         if not await ctx.redis.exists(keys.output(rid)):
-            worker = pick_worker(ctx.fleet, target, ctx.settings.max_queue_per_worker)
+            cached = ctx.prefix_index.cached_blocks(hashes)
+            worker = pick_worker(ctx.fleet, target, ctx.settings.max_queue_per_worker, cached)
             ctx.fleet.note_enqueued(worker.state.worker_id)  # before any await: concurrent picks see it
+            ctx.prefix_index.record(worker.state.worker_id, hashes)
             msg = QueuedRequest(
                 rid,
                 target.base,

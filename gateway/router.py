@@ -1,9 +1,16 @@
-"""Worker choice for a request until the routing policies arrive: the least-loaded worker serving the
-base model (load = running + waiting + queued), ties broken by where the adapter already lives (device,
-then host memory, then disk) and then by id. Admission control: when every candidate's queue is at its
-bound the request is refused with 429 and `Retry-After`, rather than piling up."""
+"""Worker choice for a request until the routing policies arrive.
+
+Among workers serving the base model whose queue is under its bound: if some worker was recently sent
+this prompt's leading blocks (approximate prefix index) and is not much busier than the least-loaded one
+(`load <= min + prefix_slack`), take the one with the longest such prefix; otherwise the least-loaded
+(load = outstanding requests: queued, waiting or running). Ties go to where the adapter already lives (device, then host
+memory, then disk), then by id. Admission control: when every candidate's queue is at its bound the
+request is refused with 429 and `Retry-After`, rather than piling up.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from gateway.catalog import Target
 from gateway.errors import APIError
@@ -17,9 +24,13 @@ def adapter_tier(view: WorkerView, adapter_key: str | None) -> int:
 
 
 def pick_worker(
-    fleet: Fleet, target: Target, max_queue: int, exclude: frozenset[str] = frozenset()
+    fleet: Fleet,
+    target: Target,
+    max_queue: int,
+    cached_blocks: Mapping[str, int] | None = None,
+    prefix_slack: int = 8,
 ) -> WorkerView:
-    candidates = [w for w in fleet.serving(target.base) if w.state.worker_id not in exclude]
+    candidates = fleet.serving(target.base)
     if not candidates:
         raise APIError(
             503,
@@ -36,4 +47,9 @@ def pick_worker(
             headers={"Retry-After": "1"},
         )
     key = target.adapter.key if target.adapter else None
+    cached = cached_blocks or {}
+    least = min(w.load for w in open_)
+    affine = [w for w in open_ if cached.get(w.state.worker_id, 0) > 0 and w.load <= least + prefix_slack]
+    if affine:
+        return max(affine, key=lambda w: (cached[w.state.worker_id], -w.load, -adapter_tier(w, key)))
     return min(open_, key=lambda w: (w.load, adapter_tier(w, key), w.state.worker_id))

@@ -107,6 +107,17 @@ class Stack:
             time.sleep(0.3)
         raise TimeoutError(f"stack not ready: {self.logs()}")
 
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Until no worker has outstanding requests (earlier tests' work is done)."""
+        deadline = time.monotonic() + timeout
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        while time.monotonic() < deadline:
+            workers = httpx.get(f"{self.url}/admin/workers", headers=headers, timeout=5).json()["workers"]
+            if all(w["queue_len"] == 0 for w in workers):
+                return
+            time.sleep(0.2)
+        raise TimeoutError("workers still busy")
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.workdir.glob("*.log"))
 

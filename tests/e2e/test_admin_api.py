@@ -39,8 +39,13 @@ def test_workers_report_their_state(stack: Stack) -> None:
     ],
 )
 def test_adapter_registration_validates_names_and_paths(
-    stack: Stack, zoo: ZooPaths, tmp_path_factory: pytest.TempPathFactory,
-    base: str, name: str, path_kind: str, status: int,
+    stack: Stack,
+    zoo: ZooPaths,
+    tmp_path_factory: pytest.TempPathFactory,
+    base: str,
+    name: str,
+    path_kind: str,
+    status: int,
 ) -> None:
     good = zoo.adapter("tiny", "qv-r8")
     root = zoo.root / "adapters"
@@ -64,7 +69,9 @@ def test_adapter_registration_validates_names_and_paths(
 
 def test_register_list_pin_remove_adapter(stack: Stack, zoo: ZooPaths) -> None:
     url = f"{stack.url}/admin/adapters/tiny/pin-me"
-    assert httpx.put(url, json={"path": str(zoo.adapter("tiny", "mlp-r32"))}, headers=ADMIN).status_code == 201
+    assert (
+        httpx.put(url, json={"path": str(zoo.adapter("tiny", "mlp-r32"))}, headers=ADMIN).status_code == 201
+    )
     listed = httpx.get(f"{stack.url}/admin/adapters", headers=ADMIN).json()["adapters"]
     assert any(a["name"] == "pin-me" and a["base"] == "tiny" and not a["pinned"] for a in listed)
     assert httpx.post(f"{url}/pin", json={"pinned": True}, headers=ADMIN).json()["pinned"] is True

@@ -232,6 +232,7 @@ def test_worker_killed_mid_stream_every_request_completes(stack: Stack, offline:
         for p in prompts
     ]
     first_workers: list[str] = []
+    stack.wait_idle()
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         futures = [pool.submit(_stream_text, stack.url, b, None, first_workers) for b in bodies]
         time.sleep(3.0)  # every request is streaming by now, on one worker or the other
