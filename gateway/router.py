@@ -4,8 +4,8 @@ Among workers serving the base model whose queue is under its bound: if some wor
 this prompt's leading blocks (approximate prefix index) and is not much busier than the least-loaded one
 (`load <= min + prefix_slack`), take the one with the longest such prefix; otherwise the least-loaded
 (load = outstanding requests: queued, waiting or running). Ties go to where the adapter already lives
-(device, then host memory, then disk), then by id. Admission control: when every candidate's queue is at its bound the
-request is refused with 429 and `Retry-After`, rather than piling up.
+(device, then host memory, then disk), then by id. Admission control: when every candidate's queue is
+at its bound the request is refused with 429 and `Retry-After`, rather than piling up.
 """
 
 from __future__ import annotations
