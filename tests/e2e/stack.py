@@ -81,6 +81,24 @@ class Stack:
             ["gateway", "--port", str(self.port), "--config", str(self.config)], "gateway.log"
         )
 
+    def extra_gateway(self, **config: object) -> tuple[subprocess.Popen[bytes], str]:
+        """Another gateway process on the same Redis, with config overrides; returns (process, url)."""
+        port = free_port()
+        path = self.workdir / f"gateway-{port}.json"
+        path.write_text(json.dumps({**json.loads(self.config.read_text()), **config}))
+        proc = self._spawn(["gateway", "--port", str(port), "--config", str(path)], f"gateway-{port}.log")
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        proc.kill()
+        raise TimeoutError(self.logs())
+
     def kill_worker(self, worker_id: str) -> None:
         proc = self.workers.pop(worker_id)
         proc.send_signal(signal.SIGKILL)

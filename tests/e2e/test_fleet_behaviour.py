@@ -1,0 +1,101 @@
+"""Fleet behaviour on the real stack: client disconnect frees the worker, SIGTERM drains, several gateways
+share one Redis, and a full fleet answers 429 with Retry-After."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import signal
+import time
+
+import httpx
+
+from tests.e2e.stack import ADMIN_TOKEN, Stack
+
+KEY = {"Authorization": "Bearer sk-test-alice"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+LONG = {
+    "model": "tiny",
+    "prompt": "while True:",
+    "max_tokens": 1500,
+    "temperature": 0,
+    "stream": True,
+    "ignore_eos": True,
+}
+
+
+def outstanding(url: str) -> int:
+    workers = httpx.get(f"{url}/admin/workers", headers=ADMIN, timeout=5).json()["workers"]
+    return sum(w["queue_len"] for w in workers)
+
+
+def test_client_disconnect_cancels_the_request_on_the_worker(stack: Stack) -> None:
+    stack.wait_idle()
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=LONG, headers=KEY, timeout=60) as resp:
+        lines = resp.iter_lines()
+        seen = [line for _, line in zip(range(6), lines, strict=False)]
+        assert any(line.startswith("data: ") for line in seen)
+    deadline = time.monotonic() + 10  # far less than 1500 tokens would take
+    while outstanding(stack.url) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert outstanding(stack.url) == 0
+
+
+def _stream(url: str) -> tuple[str | None, int]:
+    """(finish reason, completion tokens from the usage chunk) of one streamed request."""
+    body = {
+        **LONG,
+        "max_tokens": 60,
+        "prompt": "for i in range(10):",
+        "stream_options": {"include_usage": True},
+    }
+    finish, tokens = None, 0
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=KEY, timeout=120) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if chunk["choices"]:
+                    finish = chunk["choices"][0]["finish_reason"] or finish
+                else:
+                    tokens = chunk["usage"]["completion_tokens"]
+    return finish, tokens
+
+
+def test_sigterm_drains_a_worker_without_losing_requests(stack: Stack) -> None:
+    stack.start_worker("w3")
+    stack.wait_ready(workers=3)
+    stack.wait_idle()
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(_stream, stack.url) for _ in range(6)]
+        time.sleep(1.0)
+        proc = stack.workers.pop("w3")
+        proc.send_signal(signal.SIGTERM)
+        results = [f.result(timeout=120) for f in futures]
+    assert proc.wait(timeout=60) == 0  # it finished its work and exited cleanly
+    assert all(finish == "length" and tokens == 60 for finish, tokens in results)
+
+
+def test_a_second_gateway_shares_redis_and_enforces_its_queue_bound(stack: Stack) -> None:
+    stack.wait_idle()
+    proc, url = stack.extra_gateway(max_queue_per_worker=1)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            busy = [pool.submit(_stream, url) for _ in range(2)]  # one outstanding request per worker
+            deadline = time.monotonic() + 10
+            while outstanding(url) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            refused = httpx.post(f"{url}/v1/completions", json={**LONG, "stream": False}, headers=KEY)
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert all(f.result(timeout=120)[0] == "length" for f in busy)
+        ok = httpx.post(
+            f"{stack.url}/v1/completions",
+            json={**LONG, "max_tokens": 3, "stream": False},
+            headers=KEY,
+            timeout=60,
+        )
+        assert ok.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
