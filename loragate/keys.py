@@ -6,8 +6,11 @@ PREFIX = "lg"
 WORKER_GROUP = "workers"  # consumer group on every queue stream
 ADAPTERS = f"{PREFIX}:adapters"  # hash: "{base}:{name}" -> AdapterRecord JSON
 API_KEYS = f"{PREFIX}:keys"  # hash: sha256(api key) -> tenant name
-POLICY = f"{PREFIX}:policy"
-POLICY_CHANGED = f"{PREFIX}:policy:changed"
+POLICY = f"{PREFIX}:policy"  # hash: version -> {"version", "document", "created_at"} JSON
+POLICY_ACTIVE = f"{PREFIX}:policy:active"  # the active version number
+POLICY_SEQ = f"{PREFIX}:policy:seq"  # version counter
+POLICY_SHADOW = f"{PREFIX}:policy:shadow"  # a candidate policy document evaluated beside the active one
+POLICY_CHANGED = f"{PREFIX}:policy:changed"  # pub/sub: a new active or shadow policy
 CANCEL = f"{PREFIX}:cancel"  # pub/sub: request ids whose client went away
 
 
@@ -33,6 +36,14 @@ QUEUE_PATTERN = f"{PREFIX}:q:*"
 def events(worker_id: str) -> str:
     """Stream of a worker's KV-block and adapter residency events (precise routing index)."""
     return f"{PREFIX}:events:{worker_id}"
+
+
+def decision(decision_id: str) -> str:
+    """A routing decision (JSON), kept for an hour for `/admin/decisions/{id}`."""
+    return f"{PREFIX}:decision:{decision_id}"
+
+
+EVENTS_PATTERN = f"{PREFIX}:events:*"
 
 
 def worker_id_of_queue(key: str) -> str:

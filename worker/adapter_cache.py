@@ -60,6 +60,7 @@ class AdapterCache:
             )
             for module, (fan_in, fan_out) in cfg.module_shapes().items()
         }
+        self.tier_events: list[tuple[str, str]] = []  # (adapter, new tier) since the last drain
         self.disk_reads = 0  # host-tier misses: adapter read from disk
         self.device_loads = 0  # slot writes: adapter copied from host into a device slot
 
@@ -90,11 +91,13 @@ class AdapterCache:
             raise AdapterError(f"adapter {name!r} has rank {weights.rank} > max_lora_rank {self.max_rank}")
         self.disk_reads += 1
         self.host[name] = weights
+        self.tier_events.append((name, "host"))
         while sum(w.nbytes for w in self.host.values()) > self.host_bytes and len(self.host) > 1:
             victim = next((n for n in self.host if n not in self.pinned and n != name), None)
             if victim is None:
                 break
             del self.host[victim]
+            self.tier_events.append((victim, "device" if victim in self.device_lru else "disk"))
         return weights
 
     # -- device slots ---------------------------------------------------------------------------
@@ -117,12 +120,14 @@ class AdapterCache:
     def apply(self, plan: AdapterPlan) -> None:
         for name, slot in plan.evict:
             del self.device_lru[name]
+            self.tier_events.append((name, "host" if name in self.host else "disk"))
             for stack in self.stacks.values():
                 stack.ranks[slot] = 0
         for name, slot in plan.load:
             self.device_loads += 1
             self._write_slot(self.ensure_host(name), slot)
             self.device_lru[name] = slot
+            self.tier_events.append((name, "device"))
 
     def acquire(self, needed: Iterable[str]) -> dict[str, int]:
         """Make every needed adapter device-resident; returns name -> slot and refreshes their LRU age."""

@@ -28,6 +28,9 @@ class BlockManager:
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.hit_tokens = 0
         self.queried_tokens = 0
+        # Hashes published / evicted since the last `drain_events` (the worker streams them to routers).
+        self.stored_hashes: list[int] = []
+        self.evicted_hashes: list[int] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -48,6 +51,7 @@ class BlockManager:
             if old is not None:  # evict the cached contents
                 del self.cached[old]
                 self.block_hash[block] = None
+                self.evicted_hashes.append(old)
             self.ref_counts[block] = 1
             seq.block_table.append(block)
 
@@ -95,7 +99,14 @@ class BlockManager:
             if h not in self.cached and self.block_hash[block] is None:
                 self.cached[h] = block
                 self.block_hash[block] = h
+                self.stored_hashes.append(h)
         seq.num_registered_blocks = full
+
+    def drain_events(self) -> tuple[list[int], list[int]]:
+        """(stored, evicted) block hashes since the last call."""
+        stored, evicted = self.stored_hashes, self.evicted_hashes
+        self.stored_hashes, self.evicted_hashes = [], []
+        return stored, evicted
 
     def _extend_hashes(self, seq: Sequence) -> None:
         if len(seq.block_hashes) < seq.num_tokens // self.block_size:

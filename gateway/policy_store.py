@@ -1,0 +1,146 @@
+"""The routing policy in Redis: versioned, validated before it is stored, applied by every gateway.
+
+`PUT` validates the document (a bad one never reaches Redis), stores it as the next version in the
+`lg:policy` hash, makes it active and publishes on `lg:policy:changed`. Every gateway holds the parsed
+active (and shadow) policy in a `PolicyHolder`, reloaded on that message and, as a fallback for a missed
+message, by polling the active version every second — so a change applies everywhere within a second,
+without restarts. Rollback re-activates an earlier version as a new version (history stays linear).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import redis.asyncio as aioredis
+
+from loragate import keys
+
+log = logging.getLogger("loragate.gateway")
+P = TypeVar("P")
+
+
+class PolicyStore:
+    def __init__(self, r: aioredis.Redis):
+        self.redis = r
+
+    async def active_version(self) -> int | None:
+        raw = await self.redis.get(keys.POLICY_ACTIVE)
+        return int(raw) if raw is not None else None
+
+    async def get(self, version: int) -> dict[str, Any] | None:
+        raw = await self.redis.hget(keys.POLICY, str(version))
+        return json.loads(raw) if raw is not None else None
+
+    async def put(self, document: dict[str, Any], note: str = "") -> int:
+        version = int(await self.redis.incr(keys.POLICY_SEQ))
+        entry = {"version": version, "document": document, "created_at": time.time(), "note": note}
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.POLICY, str(version), json.dumps(entry))
+        pipe.set(keys.POLICY_ACTIVE, version)
+        pipe.publish(keys.POLICY_CHANGED, "active")
+        await pipe.execute()
+        return version
+
+    async def history(self) -> list[dict[str, Any]]:
+        raw = await self.redis.hgetall(keys.POLICY)
+        entries = [json.loads(v) for v in raw.values()]
+        active = await self.active_version()
+        out = [
+            {
+                "version": e["version"],
+                "created_at": e["created_at"],
+                "note": e.get("note", ""),
+                "active": e["version"] == active,
+            }
+            for e in entries
+        ]
+        return sorted(out, key=lambda e: e["version"])
+
+    async def rollback(self, version: int) -> int | None:
+        entry = await self.get(version)
+        if entry is None:
+            return None
+        return await self.put(entry["document"], note=f"rollback to version {version}")
+
+    async def shadow(self) -> dict[str, Any] | None:
+        raw = await self.redis.get(keys.POLICY_SHADOW)
+        return json.loads(raw) if raw is not None else None
+
+    async def set_shadow(self, document: dict[str, Any] | None) -> None:
+        if document is None:
+            await self.redis.delete(keys.POLICY_SHADOW)
+        else:
+            await self.redis.set(keys.POLICY_SHADOW, json.dumps(document))
+        await self.redis.publish(keys.POLICY_CHANGED, "shadow")
+
+
+class PolicyHolder(Generic[P]):
+    """The parsed active and shadow policies of this gateway process, kept current."""
+
+    def __init__(
+        self,
+        store: PolicyStore,
+        parse: Callable[[dict[str, Any]], P],
+        default: dict[str, Any],
+        redis_url: str,
+    ):
+        self.store, self.parse, self.default_doc = store, parse, default
+        self.policy: P = parse(default)
+        self.version: int | None = None
+        self.document: dict[str, Any] = default
+        self.shadow: P | None = None
+        self.shadow_document: dict[str, Any] | None = None
+        self._redis_url = redis_url
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def reload(self) -> None:
+        version = await self.store.active_version()
+        if version is not None and version != self.version:
+            entry = await self.store.get(version)
+            if entry is not None:
+                self.policy = self.parse(entry["document"])
+                self.document, self.version = entry["document"], version
+                log.info("policy version %d active", version)
+        shadow = await self.store.shadow()
+        if shadow != self.shadow_document:
+            self.shadow_document = shadow
+            self.shadow = self.parse(shadow) if shadow is not None else None
+
+    async def start(self) -> None:
+        await self.reload()
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _listen(self) -> None:
+        client = aioredis.Redis.from_url(self._redis_url)
+        pubsub = client.pubsub()
+        await pubsub.subscribe(keys.POLICY_CHANGED)
+        try:
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    await self._safe_reload()
+        finally:
+            await pubsub.aclose()
+            await client.aclose()
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self._safe_reload()
+
+    async def _safe_reload(self) -> None:
+        try:
+            await self.reload()
+        except Exception:  # a stored document that no longer parses must not take the gateway down
+            log.exception("policy reload failed; keeping version %s", self.version)
