@@ -18,6 +18,7 @@ PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
     ("worker",): ("worker.main", "run a worker: engine + Redis queue consumer"),
     ("demo",): ("worker.demo", "generate with the demo models and adapters, in-process"),
     ("bench", "engine"): ("loadtest.bench_engine", "engine throughput: loragate vs transformers+peft"),
+    ("policy",): ("policies.cli", "validate a policy file; train the difficulty estimator"),
 }
 
 

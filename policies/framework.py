@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -88,7 +89,10 @@ class Profile:
             )
         kept = [c for c in candidates if all(f.keep(request, c) for f in self.filters)]
         if not kept:
-            dropped = ", ".join(f.name for f in self.filters)
+            first_drop = Counter(
+                next(f.name for f in self.filters if not f.keep(request, c)) for c in candidates
+            )
+            dropped = ", ".join(f"{name}: {n}" for name, n in first_drop.most_common())
             return RouteDecision(
                 decision_id,
                 self.name,

@@ -1,0 +1,1 @@
+"""Pickers: each chooses one candidate from the weighted totals. One plugin per module."""

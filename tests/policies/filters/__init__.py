@@ -1,0 +1,1 @@
+"""Tests of the routing policies (`policies/`), mirroring its layout."""
