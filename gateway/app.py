@@ -13,19 +13,26 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin_api import AdminRoutes
+from gateway.admin_policy import PolicyRoutes
+from gateway.admission import FairAdmission
 from gateway.auth import Authenticator
 from gateway.catalog import Catalog
 from gateway.context import GatewayContext
+from gateway.decisions import DecisionLog
 from gateway.errors import APIError
 from gateway.fleet import Fleet
+from gateway.kv_events import KVEventFollower
 from gateway.openai_api import OpenAIRoutes
-from gateway.prefix_index import ApproxPrefixIndex
+from gateway.policy_store import PolicyHolder, PolicyStore
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
-from gateway.router import pick_worker
+from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.tokenize import TokenizerStore
 from loragate.redis_url import connect_async
+from policies.default_policy import DEFAULT_POLICY
+from policies.document import Policy, parse_policy
+from policies.prefix_index import PrefixIndex
 
 log = logging.getLogger("loragate.gateway")
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -46,25 +53,27 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return APIError(500, "Internal server error.", type_="server_error").response()
 
 
-def create_app(settings: GatewaySettings) -> Starlette:
-    holder: dict[str, GatewayContext] = {}
-
-    def ctx() -> GatewayContext:
-        return holder["ctx"]
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        r = connect_async(settings.redis_url, max_connections=256)
-        fleet = Fleet(r)
-        await fleet.refresh()
-        fleet.start()
-        mux = OutputMux(settings.redis_url, r)
-        await mux.start()
-        reaper = Reaper(
-            r, fleet, lambda t: pick_worker(fleet, t, max_queue=2**62), f"reaper-{settings.gateway_id}"
-        )
-        reaper.start()
-        holder["ctx"] = GatewayContext(
+@asynccontextmanager
+async def _context(settings: GatewaySettings) -> AsyncIterator[GatewayContext]:
+    r = connect_async(settings.redis_url, max_connections=256)
+    fleet = Fleet(r)
+    await fleet.refresh()
+    fleet.start()
+    mux = OutputMux(settings.redis_url, r)
+    await mux.start()
+    reaper = Reaper(r, fleet, f"reaper-{settings.gateway_id}")
+    reaper.start()
+    holder: PolicyHolder[Policy] = PolicyHolder(
+        PolicyStore(r), parse_policy, DEFAULT_POLICY, settings.redis_url
+    )
+    await holder.start()
+    index = PrefixIndex()
+    kv_events = KVEventFollower(settings.redis_url, index)
+    kv_events.start()
+    decisions = DecisionLog(r)
+    admission = FairAdmission(fleet, settings.fair_admission_per_worker, settings.fair_admission_max_wait_s)
+    try:
+        yield GatewayContext(
             settings,
             r,
             fleet,
@@ -73,15 +82,33 @@ def create_app(settings: GatewaySettings) -> Starlette:
             mux,
             reaper,
             TokenizerStore(),
-            ApproxPrefixIndex(),
+            holder,
+            Router(fleet, holder, index, decisions),
+            decisions,
+            admission,
+            kv_events,
         )
-        try:
+    finally:
+        await admission.stop()
+        await kv_events.stop()
+        await holder.stop()
+        await reaper.stop()
+        await mux.stop()
+        await fleet.stop()
+        await r.aclose()
+
+
+def create_app(settings: GatewaySettings) -> Starlette:
+    holder: dict[str, GatewayContext] = {}
+
+    def ctx() -> GatewayContext:
+        return holder["ctx"]
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with _context(settings) as context:
+            holder["ctx"] = context
             yield
-        finally:
-            await reaper.stop()
-            await mux.stop()
-            await fleet.stop()
-            await r.aclose()
 
     async def health(request: Request) -> Response:
         live = [w for w in ctx().fleet.workers.values() if not w.state.draining]
@@ -92,33 +119,36 @@ def create_app(settings: GatewaySettings) -> Starlette:
         }
         return JSONResponse(body, status_code=200 if live else 503)
 
-    def openai(name: str) -> Endpoint:
+    def bind(cls: type, name: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:
-            handler: Endpoint = getattr(OpenAIRoutes(ctx()), name)
+            handler: Endpoint = getattr(cls(ctx()), name)
             return await handler(request)
 
         return endpoint
 
-    def admin(name: str) -> Endpoint:
-        async def endpoint(request: Request) -> Response:
-            handler: Endpoint = getattr(AdminRoutes(ctx()), name)
-            return await handler(request)
-
-        return endpoint
-
+    o, a, p = OpenAIRoutes, AdminRoutes, PolicyRoutes
     routes = [
         Route("/health", health, methods=["GET"]),
-        Route("/v1/models", openai("models"), methods=["GET"]),
-        Route("/v1/completions", openai("completions"), methods=["POST"]),
-        Route("/v1/chat/completions", openai("chat_completions"), methods=["POST"]),
-        Route("/admin/workers", admin("workers"), methods=["GET"]),
-        Route("/admin/adapters", admin("list_adapters"), methods=["GET"]),
-        Route("/admin/adapters/{base}/{name}", admin("put_adapter"), methods=["PUT"]),
-        Route("/admin/adapters/{base}/{name}", admin("delete_adapter"), methods=["DELETE"]),
-        Route("/admin/adapters/{base}/{name}/pin", admin("pin_adapter"), methods=["POST"]),
-        Route("/admin/keys", admin("create_key"), methods=["POST"]),
-        Route("/admin/keys", admin("list_keys"), methods=["GET"]),
-        Route("/admin/keys/{key_id}", admin("delete_key"), methods=["DELETE"]),
+        Route("/v1/models", bind(o, "models"), methods=["GET"]),
+        Route("/v1/completions", bind(o, "completions"), methods=["POST"]),
+        Route("/v1/chat/completions", bind(o, "chat_completions"), methods=["POST"]),
+        Route("/admin/workers", bind(a, "workers"), methods=["GET"]),
+        Route("/admin/adapters", bind(a, "list_adapters"), methods=["GET"]),
+        Route("/admin/adapters/{base}/{name}", bind(a, "put_adapter"), methods=["PUT"]),
+        Route("/admin/adapters/{base}/{name}", bind(a, "delete_adapter"), methods=["DELETE"]),
+        Route("/admin/adapters/{base}/{name}/pin", bind(a, "pin_adapter"), methods=["POST"]),
+        Route("/admin/keys", bind(a, "create_key"), methods=["POST"]),
+        Route("/admin/keys", bind(a, "list_keys"), methods=["GET"]),
+        Route("/admin/keys/{key_id}", bind(a, "delete_key"), methods=["DELETE"]),
+        Route("/admin/policy", bind(p, "get_policy"), methods=["GET"]),
+        Route("/admin/policy", bind(p, "put_policy"), methods=["PUT"]),
+        Route("/admin/policy/history", bind(p, "history"), methods=["GET"]),
+        Route("/admin/policy/rollback", bind(p, "rollback"), methods=["POST"]),
+        Route("/admin/policy/shadow", bind(p, "get_shadow"), methods=["GET"]),
+        Route("/admin/policy/shadow", bind(p, "put_shadow"), methods=["PUT"]),
+        Route("/admin/policy/shadow", bind(p, "delete_shadow"), methods=["DELETE"]),
+        Route("/admin/policy/stats", bind(p, "stats"), methods=["GET"]),
+        Route("/admin/decisions/{decision_id}", bind(p, "decision"), methods=["GET"]),
     ]
     return Starlette(
         routes=routes,

@@ -9,15 +9,20 @@ from typing import Any
 import redis.asyncio as aioredis
 from starlette.requests import Request
 
+from gateway.admission import FairAdmission
 from gateway.auth import Authenticator
 from gateway.catalog import Catalog
+from gateway.decisions import DecisionLog
 from gateway.errors import APIError, bad_request
 from gateway.fleet import Fleet
-from gateway.prefix_index import ApproxPrefixIndex
+from gateway.kv_events import KVEventFollower
+from gateway.policy_store import PolicyHolder
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
+from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.tokenize import TokenizerStore
+from policies.document import Policy
 
 
 @dataclass
@@ -30,7 +35,11 @@ class GatewayContext:
     mux: OutputMux
     reaper: Reaper
     tokenizers: TokenizerStore
-    prefix_index: ApproxPrefixIndex
+    policy: PolicyHolder[Policy]
+    router: Router
+    decisions: DecisionLog
+    admission: FairAdmission
+    kv_events: KVEventFollower
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:

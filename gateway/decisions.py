@@ -73,6 +73,9 @@ class DecisionLog:
         raw = await self.redis.get(keys.decision(decision_id))
         return json.loads(raw) if raw is not None else None
 
+    def reset_shadow(self) -> None:
+        self.shadow = ShadowStats()
+
     def stats(self) -> dict[str, Any]:
         return {
             "outcomes": dict(self.outcomes),

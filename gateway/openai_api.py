@@ -15,7 +15,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -25,7 +25,7 @@ from gateway import protocol
 from gateway.catalog import AUTO, Target
 from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request
-from gateway.router import pick_worker
+from gateway.routing import AliasChoice, route_request
 from loragate import keys
 from loragate.hashing import block_hashes
 from loragate.messages import OutputEvent, QueuedRequest
@@ -70,7 +70,8 @@ class OpenAIRoutes:
         tenant = await ctx.auth.tenant(request)
         body = await read_json(request, ctx.settings.max_body_bytes)
         parsed = protocol.parse_common(body, chat)
-        target = await ctx.catalog.resolve(parsed.model, tenant)
+        messages = protocol.chat_messages(body) if chat else []
+        target, alias = await self._target(parsed, tenant, body, messages)
         serving = ctx.fleet.serving(target.base)
         if not serving:
             raise APIError(
@@ -81,11 +82,12 @@ class OpenAIRoutes:
             )
         state = serving[0].state
         tok = ctx.tokenizers.get(state.model_dir)
-        vocab = tok.tokenizer.get_vocab_size(with_added_tokens=True)
+        text: str | None
         if chat:
-            prompt = tok.encode(tok.render_chat(protocol.chat_messages(body)))
+            text = tok.render_chat(messages)
+            prompt = tok.encode(text)
         else:
-            text, ids = protocol.completion_prompt(body, vocab)
+            text, ids = protocol.completion_prompt(body, tok.tokenizer.get_vocab_size(with_added_tokens=True))
             prompt = ids if ids is not None else tok.encode(text or "")
         if not prompt:
             raise bad_request("The prompt is empty after tokenization.", param="prompt")
@@ -102,25 +104,53 @@ class OpenAIRoutes:
         params = protocol.sampling_params(parsed, max_tokens)
         rid = self._request_id(request, chat)
         adapter_key = target.adapter.key if target.adapter else None
-        # The same chained, adapter-keyed hashes the worker's prefix cache uses.
-        hashes = block_hashes(prompt, state.block_size, adapter_key)
-        if not await ctx.redis.exists(keys.output(rid)):
-            cached = ctx.prefix_index.cached_blocks(hashes)
-            worker = pick_worker(ctx.fleet, target, ctx.settings.max_queue_per_worker, cached)
-            ctx.fleet.note_enqueued(worker.state.worker_id)  # before any await: concurrent picks see it
-            ctx.prefix_index.record(worker.state.worker_id, hashes)
+        headers = {"x-request-id": rid}
+        done: Callable[[OutputEvent], None] = lambda event: None  # noqa: E731
+        retry = "x-request-id" in request.headers and await ctx.redis.exists(keys.output(rid))
+        if not retry:
+            charged = await ctx.admission.admit(tenant, target.base, len(prompt), max_tokens)
+            # The same chained, adapter-keyed hashes the worker's prefix cache uses.
+            hashes = block_hashes(prompt, state.block_size, adapter_key)
+            route = route_request(
+                rid,
+                tenant,
+                target.base,
+                adapter_key,
+                target.adapter.tenants if target.adapter else (),
+                prompt,
+                max_tokens,
+                hashes,
+                state.block_size,
+                text or "",
+            )
+            try:
+                decision = ctx.router.route(route)
+            except APIError:
+                ctx.admission.settle(tenant, target.base, charged, 0, 0)
+                raise
+            assert decision.worker_id is not None
+            await ctx.decisions.record(decision, rid)
+            headers["x-loragate-decision"] = decision.decision_id
+            if alias is not None:
+                headers["x-loragate-model"] = f"{alias.model}; difficulty {alias.score:.2f}"
             msg = QueuedRequest(
                 rid,
                 target.base,
                 tuple(prompt),
                 params,
-                adapter=target.adapter.key if target.adapter else None,
+                adapter=adapter_key,
                 tenant=tenant,
                 traceparent=request.headers.get("traceparent"),
                 deadline=time.time() + ctx.settings.request_timeout_s,
             )
             events = await ctx.mux.subscribe(rid)
-            await ctx.redis.xadd(keys.queue(worker.state.worker_id), {"m": msg.to_json()})
+            await ctx.redis.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
+
+            def done(event: OutputEvent) -> None:
+                ctx.decisions.finished(decision, event.cached_tokens)
+                ctx.admission.settle(
+                    tenant, target.base, charged, event.prompt_tokens, event.completion_tokens
+                )
         else:
             events = await ctx.mux.subscribe(rid)  # a retry of a request we already have: relay it again
         try:
@@ -132,12 +162,27 @@ class OpenAIRoutes:
             ctx.mux.unsubscribe(rid)
             err = first.error
             raise APIError(int(err.get("status", 400)), str(err.get("message")), code=err.get("code"))
-        headers = {"x-request-id": rid, "x-loragate-worker": first.worker_id}
-        model_id = target.model_id if parsed.model != AUTO else target.base
+        headers["x-loragate-worker"] = first.worker_id
+        model_id = target.model_id if parsed.model != AUTO and alias is None else target.base
         if parsed.stream:
-            stream = self._sse(rid, model_id, chat, parsed.include_usage, first, events, target)
+            stream = self._sse(rid, model_id, chat, parsed.include_usage, first, events, target, done)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-        return await self._collect(rid, model_id, chat, first, events, target, headers)
+        return await self._collect(rid, model_id, chat, first, events, target, headers, done)
+
+    async def _target(
+        self,
+        parsed: protocol.ParsedRequest,
+        tenant: str,
+        body: dict[str, Any],
+        messages: list[dict[str, Any]],
+    ) -> tuple[Target, AliasChoice | None]:
+        """The base model (and adapter) to serve: an alias goes through the difficulty tiers."""
+        model = parsed.model
+        if isinstance(model, str) and self.ctx.router.is_alias(model):
+            text = "\n".join(m["content"] for m in messages) if messages else str(body.get("prompt", ""))
+            choice = self.ctx.router.resolve_alias(model, text, parsed.max_tokens or 0)
+            return Target(choice.model, None), choice
+        return await self.ctx.catalog.resolve(model, tenant), None
 
     @staticmethod
     def _request_id(request: Request, chat: bool) -> str:
@@ -181,6 +226,7 @@ class OpenAIRoutes:
         events: asyncio.Queue[OutputEvent],
         target: Target,
         headers: dict[str, str],
+        done: Callable[[OutputEvent], None],
     ) -> Response:
         texts, event = [first.text], first
         try:
@@ -194,6 +240,7 @@ class OpenAIRoutes:
             await self._cancel(rid)
             raise
         self.ctx.mux.unsubscribe(rid)
+        done(event)
         use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
         build = protocol.chat_body if chat else protocol.completion_body
         return JSONResponse(build(rid, model, "".join(texts), event.finish_reason, use), headers=headers)
@@ -207,6 +254,7 @@ class OpenAIRoutes:
         first: OutputEvent,
         events: asyncio.Queue[OutputEvent],
         target: Target,
+        on_done: Callable[[OutputEvent], None],
     ) -> AsyncIterator[str]:
         created = int(time.time())
         event, done = first, False
@@ -244,6 +292,8 @@ class OpenAIRoutes:
                     yield data(e.body())
                     break
             done = event.is_last
+            if done:
+                on_done(event)
             yield "data: [DONE]\n\n"
         finally:
             if done:

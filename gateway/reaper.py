@@ -15,24 +15,25 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
-from gateway.catalog import Target
-from gateway.errors import APIError
 from gateway.fleet import Fleet, WorkerView
 from loragate import keys
 from loragate.messages import QueuedRequest, streamed_so_far
 
 log = logging.getLogger("loragate.gateway")
 
-Picker = Callable[[Target], WorkerView]
+
+def least_loaded(fleet: Fleet, base: str) -> WorkerView | None:
+    """Re-routed work was already admitted, so no queue bound applies: the least-loaded live worker."""
+    serving = fleet.serving(base)
+    return min(serving, key=lambda w: (w.load, w.state.worker_id)) if serving else None
 
 
 class Reaper:
-    def __init__(self, r: aioredis.Redis, fleet: Fleet, pick: Picker, consumer: str, interval_s: float = 1.0):
-        self.redis, self.fleet, self.pick, self.consumer = r, fleet, pick, consumer
+    def __init__(self, r: aioredis.Redis, fleet: Fleet, consumer: str, interval_s: float = 1.0):
+        self.redis, self.fleet, self.consumer = r, fleet, consumer
         self.interval_s = interval_s
         self.rerouted = 0
         self._task: asyncio.Task[None] | None = None
@@ -91,9 +92,8 @@ class Reaper:
     async def _reroute(self, queue: str, entry_id: bytes, msg: QueuedRequest) -> bool:
         streamed, done = streamed_so_far(await self.redis.xrange(keys.output(msg.request_id)))
         if not done:
-            try:
-                worker = self.pick(Target(msg.model, None))
-            except APIError:
+            worker = least_loaded(self.fleet, msg.model)
+            if worker is None:
                 return False  # no live worker for this model yet: retry next pass
             moved = dataclasses.replace(msg, attempt=msg.attempt + 1, resume_token_ids=tuple(streamed))
             await self.redis.xadd(keys.queue(worker.state.worker_id), {"m": moved.to_json()})

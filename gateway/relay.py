@@ -36,6 +36,7 @@ class OutputMux:
         self._wake = asyncio.Event()
         self._reader_id: int | None = None
         self._blocked = False
+        self._unblocking = False
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -53,7 +54,8 @@ class OutputMux:
         sub = Subscription(from_id)
         self.subs[keys.output(request_id)] = sub
         self._wake.set()
-        if self._blocked and self._reader_id is not None:
+        if self._blocked and not self._unblocking and self._reader_id is not None:
+            self._unblocking = True  # one unblock per pending read, however many streams open meanwhile
             await self._control.execute_command("CLIENT", "UNBLOCK", self._reader_id)
         return sub.queue
 
@@ -66,7 +68,7 @@ class OutputMux:
                 self._wake.clear()
                 await self._wake.wait()
             streams = {k: s.last_id for k, s in self.subs.items()}
-            self._blocked = True
+            self._blocked, self._unblocking = True, False
             try:
                 reply = await self._reader.xread(streams, count=self.batch, block=self.block_ms)
             except Exception:

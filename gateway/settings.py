@@ -4,8 +4,9 @@
 admin_token: change-me            # or $LORAGATE_ADMIN_TOKEN
 api_keys: {sk-dev-123: dev}       # API key -> tenant (more can be added at runtime via /admin/keys)
 adapter_roots: [/models/adapters] # registered adapter paths must lie under one of these
-max_queue_per_worker: 256         # beyond this on every candidate worker: 429
 request_timeout_s: 600
+fair_admission_per_worker: 48     # beyond this many outstanding per worker, tenants queue fairly
+# Per-worker queue bounds (429) and routing live in the routing policy (GET/PUT /admin/policy).
 ```
 """
 
@@ -26,10 +27,11 @@ class GatewaySettings:
     admin_token: str | None = None
     api_keys: dict[str, str] = field(default_factory=dict)
     adapter_roots: tuple[Path, ...] = ()
-    max_queue_per_worker: int = 256
     request_timeout_s: float = 600.0
     first_event_timeout_s: float = 300.0
     max_body_bytes: int = 4 * 1024 * 1024
+    fair_admission_per_worker: int = 48  # outstanding requests per worker before fair queueing starts
+    fair_admission_max_wait_s: float = 30.0
     gateway_id: str = field(default_factory=lambda: f"gw-{os.getpid()}")
 
     @staticmethod

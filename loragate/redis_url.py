@@ -19,5 +19,10 @@ def connect_sync(url: str | None) -> redis.Redis:
     return redis.Redis.from_url(resolve(url))
 
 
-def connect_async(url: str | None, max_connections: int = 64) -> aioredis.Redis:
-    return aioredis.Redis.from_url(resolve(url), max_connections=max_connections)
+def connect_async(url: str | None, max_connections: int = 64, wait_s: float = 30.0) -> aioredis.Redis:
+    """A client whose pool makes callers wait for a free connection (up to `wait_s`) instead of failing
+    when thousands of concurrent requests touch Redis at once."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        resolve(url), max_connections=max_connections, timeout=wait_s
+    )
+    return aioredis.Redis(connection_pool=pool)

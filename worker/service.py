@@ -20,6 +20,7 @@ import redis
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_so_far
 from loragate.types import Request, RequestOutput
+from policies.events import EventType, KVEvent
 from worker.engine import LLMEngine
 from worker.lora import AdapterError
 from worker.registry import AdapterRegistry
@@ -29,6 +30,7 @@ log = logging.getLogger("loragate.worker")
 HEARTBEAT_S = 1.0
 HEARTBEAT_TTL_S = 3
 OUTPUT_TTL_S = 600
+EVENTS_MAXLEN = 20_000
 
 
 @dataclass
@@ -61,6 +63,7 @@ class WorkerService:
         self.stopped = threading.Event()
         self._last_beat = 0.0
         self._tokens_window: list[tuple[float, int]] = []
+        self._adapter_tiers: dict[str, str] = {}
         self._pubsub = r.pubsub(ignore_subscribe_messages=True)
         self._create_group()
 
@@ -74,6 +77,7 @@ class WorkerService:
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
         self._pubsub.subscribe(keys.CANCEL)
+        self._emit([KVEvent(EventType.CLEARED, ts=time.time())])  # routers forget what we held before
         self.heartbeat(force=True)
         self._admit(pending=True)
         while not (self.draining.is_set() and not self.engine.has_unfinished()):
@@ -83,6 +87,7 @@ class WorkerService:
                 self._admit(pending=False, block_ms=0 if self.engine.has_unfinished() else 100)
             if self.engine.has_unfinished():
                 self._publish(self.engine.step())
+                self._publish_kv_events()
         self.redis.delete(keys.worker_state(self.worker_id))
         self._pubsub.close()
         self.stopped.set()
@@ -108,10 +113,13 @@ class WorkerService:
         )
         for _, entries in reply or []:
             for entry_id, fields in entries:
-                self._start(entry_id.decode(), QueuedRequest.from_json(fields[b"m"]))
+                self._start(entry_id.decode(), QueuedRequest.from_json(fields[b"m"]), pending)
 
-    def _start(self, entry_id: str, msg: QueuedRequest) -> None:
-        streamed, done = already_streamed(self.redis, msg.request_id)
+    def _start(self, entry_id: str, msg: QueuedRequest, pending: bool) -> None:
+        streamed: list[int] = []
+        done = False
+        if pending or msg.attempt > 0:  # only then can output already exist
+            streamed, done = already_streamed(self.redis, msg.request_id)
         if done:  # finished before a crash, only the ack was lost
             self._ack(entry_id)
             return
@@ -174,6 +182,34 @@ class WorkerService:
         for rid in finished:
             self._ack(self.active.pop(rid).entry_id)
         self._tokens_window.append((time.monotonic(), sum(len(o.new_token_ids) for o in outputs)))
+
+    def _publish_kv_events(self) -> None:
+        """Prefix-cache and adapter-residency changes of this step, for the routers' precise index."""
+        now = time.time()
+        stored, evicted = self.engine.blocks.drain_events()
+        events = [
+            KVEvent(t, hashes=tuple(h), ts=now)
+            for t, h in ((EventType.STORED, stored), (EventType.EVICTED, evicted))
+            if h
+        ]
+        rank = {"device": 2, "host": 1, "disk": 0}
+        for name, tier in self.engine.adapters.tier_events:
+            moved_up = rank[tier] >= rank.get(self._adapter_tiers.get(name, "disk"), 0)
+            kind = EventType.ADAPTER_LOADED if moved_up else EventType.ADAPTER_EVICTED
+            events.append(KVEvent(kind, adapter=name, tier=tier, ts=now))
+            self._adapter_tiers[name] = tier
+        self.engine.adapters.tier_events.clear()
+        self._emit(events)
+
+    def _emit(self, events: list[KVEvent]) -> None:
+        if not events:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for event in events:
+            pipe.xadd(
+                keys.events(self.worker_id), {"e": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
+            )
+        pipe.execute()
 
     def _poll_cancels(self) -> None:
         while (msg := self._pubsub.get_message(timeout=0)) is not None:

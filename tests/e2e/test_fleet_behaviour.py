@@ -75,10 +75,19 @@ def test_sigterm_drains_a_worker_without_losing_requests(stack: Stack) -> None:
     assert all(finish == "length" and tokens == 60 for finish, tokens in results)
 
 
-def test_a_second_gateway_shares_redis_and_enforces_its_queue_bound(stack: Stack) -> None:
+def test_a_policy_put_reaches_a_second_gateway_and_bounds_queues_with_429(stack: Stack) -> None:
     stack.wait_idle()
-    proc, url = stack.extra_gateway(max_queue_per_worker=1)
+    proc, url = stack.extra_gateway()  # another gateway process on the same Redis
+    original = httpx.get(f"{stack.url}/admin/policy", headers=ADMIN).json()
     try:
+        doc = json.loads(json.dumps(original["document"]))
+        for plugin in doc["plugins"]:
+            if plugin["type"] == "queue-bound":
+                plugin["parameters"] = {**plugin.get("parameters", {}), "max_outstanding": 1}
+        put = httpx.put(f"{stack.url}/admin/policy", json=doc, headers=ADMIN)
+        assert put.status_code == 201
+        time.sleep(1.2)  # every gateway applies a new policy within a second
+        assert httpx.get(f"{url}/admin/policy", headers=ADMIN).json()["version"] == put.json()["version"]
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             busy = [pool.submit(_stream, url) for _ in range(2)]  # one outstanding request per worker
             deadline = time.monotonic() + 10
@@ -89,13 +98,19 @@ def test_a_second_gateway_shares_redis_and_enforces_its_queue_bound(stack: Stack
             assert refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["type"] == "rate_limit_error"
             assert all(f.result(timeout=120)[0] == "length" for f in busy)
-        ok = httpx.post(
-            f"{stack.url}/v1/completions",
-            json={**LONG, "max_tokens": 3, "stream": False},
-            headers=KEY,
-            timeout=60,
-        )
-        assert ok.status_code == 200
     finally:
+        back = httpx.post(
+            f"{stack.url}/admin/policy/rollback", json={"version": original["version"] or 0}, headers=ADMIN
+        )
+        if back.status_code == 404:  # the default policy was never stored: store it again
+            httpx.put(f"{stack.url}/admin/policy", json=original["document"], headers=ADMIN)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+    time.sleep(1.2)
+    ok = httpx.post(
+        f"{stack.url}/v1/completions",
+        json={**LONG, "max_tokens": 3, "stream": False},
+        headers=KEY,
+        timeout=60,
+    )
+    assert ok.status_code == 200

@@ -1,0 +1,69 @@
+"""Follow every worker's KV/adapter event stream (`lg:events:{worker}`) into the routing prefix index.
+
+One task: it rediscovers the event streams every few seconds and `XREAD`s all of them at once. A new
+stream is read from its start (streams are capped), so a restarted gateway rebuilds its index from what
+the workers still hold; a worker's `cleared` event (sent when it starts) drops its old entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import redis.asyncio as aioredis
+
+from loragate import keys
+from policies.events import KVEvent
+from policies.prefix_index import PrefixIndex
+
+log = logging.getLogger("loragate.gateway")
+
+
+class KVEventFollower:
+    def __init__(self, redis_url: str, index: PrefixIndex, discover_s: float = 2.0):
+        self.redis = aioredis.Redis.from_url(redis_url)
+        self.index, self.discover_s = index, discover_s
+        self.last_ids: dict[str, str] = {}
+        self.applied = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.redis.aclose()
+
+    async def _discover(self) -> None:
+        async for raw in self.redis.scan_iter(match=keys.EVENTS_PATTERN, count=1000):
+            key = raw.decode() if isinstance(raw, bytes) else raw
+            self.last_ids.setdefault(key, "0")
+
+    async def _loop(self) -> None:
+        next_discovery = 0.0
+        while True:
+            try:
+                if time.monotonic() >= next_discovery:
+                    await self._discover()
+                    next_discovery = time.monotonic() + self.discover_s
+                if not self.last_ids:
+                    await asyncio.sleep(self.discover_s)
+                    continue
+                reply = await self.redis.xread(dict(self.last_ids), count=1000, block=500)
+                for raw_key, entries in reply or []:
+                    key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+                    worker_id = key.removeprefix(f"{keys.PREFIX}:events:")
+                    for entry_id, fields in entries:
+                        self.last_ids[key] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                        self.index.apply_event(worker_id, KVEvent.from_json(fields[b"e"]))
+                        self.applied += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("KV event follower failed; retrying")
+                await asyncio.sleep(1.0)

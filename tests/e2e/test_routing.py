@@ -1,0 +1,107 @@
+"""Routing on the real stack (2 workers): prefix affinity from the workers' KV events, adapter residency,
+explainable decisions, and a policy PUT that changes routing without a restart."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from tests.e2e.stack import ADMIN_TOKEN, Stack
+
+KEY = {"Authorization": "Bearer sk-test-alice"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+SYSTEM = "".join(f"def helper_{i}(value):\n    return value * {i}\n\n" for i in range(30))
+
+
+def complete(stack: Stack, prompt: str, model: str = "tiny") -> httpx.Response:
+    body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    resp = httpx.post(f"{stack.url}/v1/completions", json=body, headers=KEY, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def test_shared_prefix_requests_follow_the_worker_that_holds_it(stack: Stack) -> None:
+    stack.wait_idle()
+    first = complete(stack, SYSTEM + "# first question")
+    holder = first.headers["x-loragate-worker"]
+    time.sleep(0.6)  # the worker's KV events reach the gateway's prefix index
+    for i in range(4):
+        resp = complete(stack, SYSTEM + f"# follow-up {i}")
+        assert resp.headers["x-loragate-worker"] == holder
+        assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    decision = httpx.get(
+        f"{stack.url}/admin/decisions/{resp.headers['x-loragate-decision']}", headers=ADMIN
+    ).json()
+    assert decision["worker_id"] == holder and decision["outcome"] == "routed"
+    assert decision["predicted_cached_tokens"] > 0
+    assert (
+        decision["scores"]["prefix"][holder]
+        > max(s for w, s in decision["scores"]["prefix"].items() if w != holder)
+        if len(decision["scores"]["prefix"]) > 1
+        else True
+    )
+    stats = httpx.get(f"{stack.url}/admin/policy/stats", headers=ADMIN).json()
+    assert stats["kv_events_applied"] > 0 and stats["actual_cached_tokens"] > 0
+
+
+def test_adapter_requests_go_where_the_adapter_is_resident(stack: Stack) -> None:
+    stack.wait_idle()
+    first = complete(stack, "x = 1", model="tiny:o-down-r16")
+    resident = first.headers["x-loragate-worker"]
+    time.sleep(1.5)  # heartbeat + adapter events
+    for i in range(3):
+        resp = complete(stack, f"unrelated prompt {i} " * 3, model="tiny:o-down-r16")
+        assert resp.headers["x-loragate-worker"] == resident
+        decision = httpx.get(
+            f"{stack.url}/admin/decisions/{resp.headers['x-loragate-decision']}", headers=ADMIN
+        ).json()
+        assert decision["adapter_tier"] == "device"
+
+
+def test_policy_put_changes_routing_without_restart(stack: Stack) -> None:
+    stack.wait_idle()
+    original = httpx.get(f"{stack.url}/admin/policy", headers=ADMIN).json()
+    doc = json.loads(json.dumps(original["document"]))
+    doc["default_profile"] = "round-robin"
+    bad = {**doc, "default_profile": "no-such-profile"}
+    refused = httpx.put(f"{stack.url}/admin/policy", json=bad, headers=ADMIN)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "default_profile"
+    put = httpx.put(f"{stack.url}/admin/policy", json=doc, headers=ADMIN)
+    assert put.status_code == 201
+    time.sleep(1.2)
+    workers = {complete(stack, SYSTEM + f"# rr {i}").headers["x-loragate-worker"] for i in range(4)}
+    assert workers == {"w1", "w2"}  # round-robin ignores the prefix that pulled everything to one worker
+    history = httpx.get(f"{stack.url}/admin/policy/history", headers=ADMIN).json()["versions"]
+    assert history[-1]["version"] == put.json()["version"] and history[-1]["active"]
+    if original["version"] is not None:
+        assert (
+            httpx.post(
+                f"{stack.url}/admin/policy/rollback", json={"version": original["version"]}, headers=ADMIN
+            ).status_code
+            == 201
+        )
+    else:
+        assert (
+            httpx.put(f"{stack.url}/admin/policy", json=original["document"], headers=ADMIN).status_code
+            == 201
+        )
+    time.sleep(1.2)
+    assert (
+        httpx.get(f"{stack.url}/admin/policy", headers=ADMIN).json()["document"]["default_profile"]
+        != "round-robin"
+    )
+
+
+def test_shadow_policy_reports_disagreement(stack: Stack) -> None:
+    original = httpx.get(f"{stack.url}/admin/policy", headers=ADMIN).json()["document"]
+    shadow = {**original, "default_profile": "round-robin"}
+    assert httpx.put(f"{stack.url}/admin/policy/shadow", json=shadow, headers=ADMIN).status_code == 201
+    time.sleep(0.3)
+    for i in range(6):
+        complete(stack, SYSTEM + f"# shadowed {i}")
+    report = httpx.get(f"{stack.url}/admin/policy/shadow", headers=ADMIN).json()["report"]
+    assert report["compared"] == 6 and report["different_worker"] >= 1
+    assert report["active_predicted_cached_tokens"] > 0 and report["shadow_predicted_cached_tokens"] >= 0
+    assert httpx.delete(f"{stack.url}/admin/policy/shadow", headers=ADMIN).status_code == 204
