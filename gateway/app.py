@@ -6,6 +6,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+from opentelemetry.instrumentation.starlette import StarletteInstrumentor
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import Tracer
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -30,6 +33,7 @@ from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.tokenize import TokenizerStore
 from loragate.redis_url import connect_async
+from loragate.tracing import make_provider
 from policies.default_policy import DEFAULT_POLICY
 from policies.document import Policy, parse_policy
 from policies.prefix_index import PrefixIndex
@@ -54,7 +58,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 @asynccontextmanager
-async def _context(settings: GatewaySettings) -> AsyncIterator[GatewayContext]:
+async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIterator[GatewayContext]:
     r = connect_async(settings.redis_url, max_connections=256)
     fleet = Fleet(r)
     await fleet.refresh()
@@ -87,6 +91,7 @@ async def _context(settings: GatewaySettings) -> AsyncIterator[GatewayContext]:
             decisions,
             admission,
             kv_events,
+            tracer,
         )
     finally:
         await admission.stop()
@@ -98,17 +103,24 @@ async def _context(settings: GatewaySettings) -> AsyncIterator[GatewayContext]:
         await r.aclose()
 
 
-def create_app(settings: GatewaySettings) -> Starlette:
+def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = None) -> Starlette:
+    """The app; traces go to `span_exporter` (tests) or as the `OTEL_*` environment says (off if unset)."""
     holder: dict[str, GatewayContext] = {}
+    provider = make_provider("loragate-gateway", span_exporter)
+    tracer = provider.get_tracer("loragate.gateway") if provider is not None else None
 
     def ctx() -> GatewayContext:
         return holder["ctx"]
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with _context(settings) as context:
+        async with _context(settings, tracer) as context:
             holder["ctx"] = context
-            yield
+            try:
+                yield
+            finally:
+                if provider is not None:
+                    provider.shutdown()  # flush the spans still batched
 
     async def health(request: Request) -> Response:
         live = [w for w in ctx().fleet.workers.values() if not w.state.draining]
@@ -150,8 +162,11 @@ def create_app(settings: GatewaySettings) -> Starlette:
         Route("/admin/policy/stats", bind(p, "stats"), methods=["GET"]),
         Route("/admin/decisions/{decision_id}", bind(p, "decision"), methods=["GET"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _unexpected},
     )
+    if provider is not None:
+        StarletteInstrumentor.instrument_app(app, tracer_provider=provider)
+    return app

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from opentelemetry.trace import Tracer
 from starlette.requests import Request
 
 from gateway.admission import FairAdmission
@@ -40,6 +41,7 @@ class GatewayContext:
     decisions: DecisionLog
     admission: FairAdmission
     kv_events: KVEventFollower
+    tracer: Tracer | None = None
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:

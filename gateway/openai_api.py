@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from opentelemetry.trace import get_current_span
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -25,10 +26,11 @@ from gateway import protocol
 from gateway.catalog import AUTO, Target
 from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request
-from gateway.routing import AliasChoice, route_request
+from gateway.routing import AliasChoice, decision_attributes, route_request
 from loragate import keys
 from loragate.hashing import block_hashes
 from loragate.messages import OutputEvent, QueuedRequest
+from loragate.tracing import inject, span
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 _LIVENESS_S = 5.0
@@ -67,9 +69,19 @@ class OpenAIRoutes:
     # -- the request path ------------------------------------------------------------------------
     async def _generate(self, request: Request, chat: bool) -> Response:
         ctx = self.ctx
-        tenant = await ctx.auth.tenant(request)
+        server_span = get_current_span()
+        with span(ctx.tracer, "auth"):
+            tenant = await ctx.auth.tenant(request)
         body = await read_json(request, ctx.settings.max_body_bytes)
         parsed = protocol.parse_common(body, chat)
+        server_span.set_attributes(
+            {
+                "gen_ai.operation.name": "chat" if chat else "text_completion",
+                "gen_ai.provider.name": "loragate",
+                "loragate.tenant": tenant,
+                "gen_ai.request.model": str(parsed.model),
+            }
+        )
         messages = protocol.chat_messages(body) if chat else []
         target, alias = await self._target(parsed, tenant, body, messages)
         serving = ctx.fleet.serving(target.base)
@@ -81,14 +93,17 @@ class OpenAIRoutes:
                 headers={"Retry-After": "2"},
             )
         state = serving[0].state
-        tok = ctx.tokenizers.get(state.model_dir)
         text: str | None
-        if chat:
-            text = tok.render_chat(messages)
-            prompt = tok.encode(text)
-        else:
-            text, ids = protocol.completion_prompt(body, tok.tokenizer.get_vocab_size(with_added_tokens=True))
-            prompt = ids if ids is not None else tok.encode(text or "")
+        with span(ctx.tracer, "tokenize") as tokenize_span:
+            tok = ctx.tokenizers.get(state.model_dir)
+            if chat:
+                text = tok.render_chat(messages)
+                prompt = tok.encode(text)
+            else:
+                vocab = tok.tokenizer.get_vocab_size(with_added_tokens=True)
+                text, ids = protocol.completion_prompt(body, vocab)
+                prompt = ids if ids is not None else tok.encode(text or "")
+            tokenize_span.set_attribute("gen_ai.usage.input_tokens", len(prompt))
         if not prompt:
             raise bad_request("The prompt is empty after tokenization.", param="prompt")
         limit = min(w.state.max_model_len for w in serving)
@@ -102,6 +117,13 @@ class OpenAIRoutes:
                 code="context_length_exceeded",
             )
         params = protocol.sampling_params(parsed, max_tokens)
+        server_span.set_attributes(
+            {
+                "gen_ai.request.max_tokens": max_tokens,
+                "gen_ai.request.temperature": params.temperature,
+                "gen_ai.request.top_p": params.top_p,
+            }
+        )
         rid = self._request_id(request, chat)
         adapter_key = target.adapter.key if target.adapter else None
         headers = {"x-request-id": rid}
@@ -123,11 +145,14 @@ class OpenAIRoutes:
                 state.block_size,
                 text or "",
             )
-            try:
-                decision = ctx.router.route(route)
-            except APIError:
-                ctx.admission.settle(tenant, target.base, charged, 0, 0)
-                raise
+            with span(ctx.tracer, "route") as route_span:
+                try:
+                    decision = ctx.router.route(route)
+                except APIError as e:
+                    ctx.admission.settle(tenant, target.base, charged, 0, 0)
+                    route_span.set_attribute("loragate.route.error", e.message)
+                    raise
+                route_span.set_attributes(decision_attributes(decision))
             assert decision.worker_id is not None
             await ctx.decisions.record(decision, rid)
             headers["x-loragate-decision"] = decision.decision_id
@@ -140,16 +165,28 @@ class OpenAIRoutes:
                 params,
                 adapter=adapter_key,
                 tenant=tenant,
-                traceparent=request.headers.get("traceparent"),
+                traceparent=inject(server_span),
                 deadline=time.time() + ctx.settings.request_timeout_s,
+                operation="chat" if chat else "text_completion",
             )
-            events = await ctx.mux.subscribe(rid)
-            await ctx.redis.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
+            with span(ctx.tracer, "enqueue", {"loragate.worker": decision.worker_id}):
+                events = await ctx.mux.subscribe(rid)
+                await ctx.redis.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
 
             def done(event: OutputEvent) -> None:
                 ctx.decisions.finished(decision, event.cached_tokens)
                 ctx.admission.settle(
                     tenant, target.base, charged, event.prompt_tokens, event.completion_tokens
+                )
+                server_span.set_attributes(
+                    {
+                        "gen_ai.response.id": rid,
+                        "gen_ai.response.model": target.model_id,
+                        "gen_ai.response.finish_reasons": [event.finish_reason or ""],
+                        "gen_ai.usage.input_tokens": event.prompt_tokens,
+                        "gen_ai.usage.output_tokens": event.completion_tokens,
+                        "loragate.cached_tokens": event.cached_tokens,
+                    }
                 )
         else:
             events = await ctx.mux.subscribe(rid)  # a retry of a request we already have: relay it again

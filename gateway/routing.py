@@ -133,3 +133,21 @@ def route_request(
         now=time.time(),
         prompt_text=text[:4000],
     )
+
+
+def decision_attributes(decision: RouteDecision) -> dict[str, str | int | float]:
+    """The decision as span attributes: chosen worker, each scorer's score for it, prediction, tier."""
+    attrs: dict[str, str | int | float] = {
+        "loragate.route.decision_id": decision.decision_id,
+        "loragate.route.profile": decision.profile,
+        "loragate.route.outcome": decision.outcome.value,
+        "loragate.route.worker": decision.worker_id or "",
+        "loragate.route.reason": decision.reason,
+        "loragate.route.predicted_cached_tokens": decision.predicted_cached_tokens,
+        "loragate.route.adapter_tier": decision.adapter_tier.value,
+        "loragate.route.candidates": len(decision.candidates),
+    }
+    for scorer, per_worker in decision.scores.items():
+        if decision.worker_id in per_worker:
+            attrs[f"loragate.route.score.{scorer}"] = per_worker[decision.worker_id]
+    return attrs

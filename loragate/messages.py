@@ -40,6 +40,7 @@ class QueuedRequest:
     attempt: int = 0
     resume_token_ids: tuple[int, ...] = ()
     enqueued_at: float = field(default_factory=time.time)
+    operation: str = "text_completion"  # or "chat" (GenAI operation name, for traces)
 
     def to_json(self) -> str:
         d = asdict(self)

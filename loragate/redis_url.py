@@ -25,4 +25,4 @@ def connect_async(url: str | None, max_connections: int = 64, wait_s: float = 30
     pool = aioredis.BlockingConnectionPool.from_url(
         resolve(url), max_connections=max_connections, timeout=wait_s
     )
-    return aioredis.Redis(connection_pool=pool)
+    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() disconnects it

@@ -14,6 +14,7 @@ from types import FrameType
 import redis
 
 from loragate.redis_url import connect_sync
+from loragate.tracing import make_provider
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
 from worker.registry import AdapterRegistry
@@ -55,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.adapters:
         registry.publish_directory(Path(args.adapters), pin=tuple(args.pin))
     registry.sync(engine)
-    service = WorkerService(engine, r, worker_id, name, registry)
+    provider = make_provider("loragate-worker")
+    tracer = provider.get_tracer("loragate.worker") if provider is not None else None
+    service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         logging.getLogger("loragate.worker").info("draining (signal %d)", signum)
@@ -65,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_term)
     logging.getLogger("loragate.worker").info("worker %s serving %s from %s", worker_id, name, model_dir)
     service.run()
+    if provider is not None:
+        provider.shutdown()  # flush batched spans before exiting
     return 0
 
 

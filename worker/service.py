@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 
 import redis
+from opentelemetry.trace import Tracer
 
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_so_far
@@ -24,6 +25,7 @@ from policies.events import EventType, KVEvent
 from worker.engine import LLMEngine
 from worker.lora import AdapterError
 from worker.registry import AdapterRegistry
+from worker.tracing_spans import RequestTimeline, emit_spans
 
 log = logging.getLogger("loragate.worker")
 
@@ -37,6 +39,7 @@ EVENTS_MAXLEN = 20_000
 class _Active:
     entry_id: str
     message: QueuedRequest
+    timeline: RequestTimeline | None = None
 
 
 def already_streamed(r: redis.Redis, request_id: str) -> tuple[list[int], bool]:
@@ -53,8 +56,10 @@ class WorkerService:
         model_name: str,
         registry: AdapterRegistry,
         max_waiting: int = 8,
+        tracer: Tracer | None = None,
     ):
         self.engine, self.redis, self.worker_id, self.model_name = engine, r, worker_id, model_name
+        self.tracer = tracer
         self.registry = registry
         self.max_waiting = max_waiting
         self.queue = keys.queue(worker_id)
@@ -125,18 +130,24 @@ class WorkerService:
             return
         resume = tuple(streamed) or msg.resume_token_ids
         params = replace(msg.params, max_tokens=msg.params.max_tokens - len(resume))
+        timeline = RequestTimeline(msg) if self.tracer is not None else None
+        started = time.perf_counter()
         try:
             if msg.deadline and time.time() > msg.deadline:
                 raise TimeoutError("the request's deadline passed while it was queued")
             adapter = None
             if msg.adapter is not None:
                 adapter = self.registry.ensure_registered(self.engine, msg.adapter)
+                if timeline is not None:
+                    timeline.adapter_tier = self.engine.adapters.tier(adapter)
             self.engine.add_request(Request(msg.request_id, msg.prompt_token_ids + resume, params, adapter))
         except (ValueError, AdapterError, TimeoutError) as e:
             status = 504 if isinstance(e, TimeoutError) else 400
             self._fail(entry_id, msg, status, str(e))
             return
-        self.active[msg.request_id] = _Active(entry_id, replace(msg, resume_token_ids=resume))
+        if timeline is not None and timeline.adapter_tier in ("host", "disk"):
+            timeline.adapter_load_s = time.perf_counter() - started
+        self.active[msg.request_id] = _Active(entry_id, replace(msg, resume_token_ids=resume), timeline)
 
     def _fail(self, entry_id: str, msg: QueuedRequest, status: int, message: str) -> None:
         kind = "timeout" if status == 504 else "invalid_request_error"
@@ -158,7 +169,7 @@ class WorkerService:
         if not outputs:
             return
         pipe = self.redis.pipeline(transaction=False)
-        finished: list[str] = []
+        finished: dict[str, str | None] = {}
         for out in outputs:
             active = self.active.get(out.request_id)
             if active is None:
@@ -173,14 +184,19 @@ class WorkerService:
                 cached_tokens=out.cached_tokens,
                 worker_id=self.worker_id,
             )
+            if active.timeline is not None:
+                active.timeline.on_tokens(len(out.new_token_ids), out.cached_tokens)
             key = keys.output(out.request_id)
             pipe.xadd(key, {"e": event.to_json()})
             pipe.expire(key, OUTPUT_TTL_S)
             if out.finished:
-                finished.append(out.request_id)
+                finished[out.request_id] = event.finish_reason
         pipe.execute()  # the last events are durable before their queue entries are acknowledged
         for rid in finished:
-            self._ack(self.active.pop(rid).entry_id)
+            done = self.active.pop(rid)
+            self._ack(done.entry_id)
+            if self.tracer is not None and done.timeline is not None:
+                emit_spans(self.tracer, done.timeline, self.worker_id, finished[rid])
         self._tokens_window.append((time.monotonic(), sum(len(o.new_token_ids) for o in outputs)))
 
     def _publish_kv_events(self) -> None:
