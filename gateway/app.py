@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from opentelemetry.instrumentation.starlette import StarletteInstrumentor
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Tracer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -25,6 +26,7 @@ from gateway.decisions import DecisionLog
 from gateway.errors import APIError
 from gateway.fleet import Fleet
 from gateway.kv_events import KVEventFollower
+from gateway.metrics import GatewayMetrics
 from gateway.openai_api import OpenAIRoutes
 from gateway.policy_store import PolicyHolder, PolicyStore
 from gateway.reaper import Reaper
@@ -74,7 +76,8 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
     index = PrefixIndex()
     kv_events = KVEventFollower(settings.redis_url, index)
     kv_events.start()
-    decisions = DecisionLog(r)
+    metrics = GatewayMetrics(fleet)
+    decisions = DecisionLog(r, metrics)
     admission = FairAdmission(fleet, settings.fair_admission_per_worker, settings.fair_admission_max_wait_s)
     try:
         yield GatewayContext(
@@ -91,6 +94,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
             decisions,
             admission,
             kv_events,
+            metrics,
             tracer,
         )
     finally:
@@ -138,9 +142,13 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
 
         return endpoint
 
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(ctx().metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     o, a, p = OpenAIRoutes, AdminRoutes, PolicyRoutes
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", bind(o, "models"), methods=["GET"]),
         Route("/v1/completions", bind(o, "completions"), methods=["POST"]),
         Route("/v1/chat/completions", bind(o, "chat_completions"), methods=["POST"]),

@@ -17,6 +17,7 @@ from gateway.decisions import DecisionLog
 from gateway.errors import APIError, bad_request
 from gateway.fleet import Fleet
 from gateway.kv_events import KVEventFollower
+from gateway.metrics import GatewayMetrics
 from gateway.policy_store import PolicyHolder
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
@@ -41,6 +42,7 @@ class GatewayContext:
     decisions: DecisionLog
     admission: FairAdmission
     kv_events: KVEventFollower
+    metrics: GatewayMetrics
     tracer: Tracer | None = None
 
 

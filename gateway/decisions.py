@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from gateway.metrics import GatewayMetrics
 from loragate import keys
 from policies.types import RouteDecision, Tier
 
@@ -54,13 +55,21 @@ class ShadowStats:
 @dataclass
 class DecisionLog:
     redis: aioredis.Redis
+    metrics: GatewayMetrics | None = None
     outcomes: Counter[str] = field(default_factory=Counter)
     predicted_cached_tokens: int = 0
     actual_cached_tokens: int = 0
     shadow: ShadowStats = field(default_factory=ShadowStats)
 
-    async def record(self, decision: RouteDecision, request_id: str) -> None:
+    def count(self, decision: RouteDecision) -> None:
         self.outcomes[decision.outcome.value] += 1
+        if self.metrics is not None:
+            self.metrics.decisions.labels(outcome=decision.outcome.value).inc()
+            if decision.worker_id is not None:
+                self.metrics.adapter_tier.labels(tier=decision.adapter_tier.value).inc()
+
+    async def record(self, decision: RouteDecision, request_id: str) -> None:
+        self.count(decision)
         await self.redis.set(
             keys.decision(decision.decision_id), decision_json(decision, request_id), ex=DECISION_TTL_S
         )
@@ -68,6 +77,9 @@ class DecisionLog:
     def finished(self, decision: RouteDecision, actual_cached_tokens: int) -> None:
         self.predicted_cached_tokens += decision.predicted_cached_tokens
         self.actual_cached_tokens += actual_cached_tokens
+        if self.metrics is not None:
+            self.metrics.prefix_tokens.labels(kind="predicted").inc(decision.predicted_cached_tokens)
+            self.metrics.prefix_tokens.labels(kind="actual").inc(actual_cached_tokens)
 
     async def get(self, decision_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(keys.decision(decision_id))

@@ -15,14 +15,18 @@ from gateway.settings import GatewaySettings
 from loragate.redis_url import resolve
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loragate gateway", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--redis", help="Redis URL (default: $REDIS_URL)")
     p.add_argument("--config", help="gateway config file (YAML or JSON)")
     p.add_argument("--admin-token", help="admin API token (or $LORAGATE_ADMIN_TOKEN)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = GatewaySettings.load(
         resolve(args.redis), Path(args.config) if args.config else None, admin_token=args.admin_token

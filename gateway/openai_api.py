@@ -41,10 +41,17 @@ class OpenAIRoutes:
         self.ctx = ctx
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, chat=False)
+        return await self._counted(request, chat=False)
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, chat=True)
+        return await self._counted(request, chat=True)
+
+    async def _counted(self, request: Request, chat: bool) -> Response:
+        try:
+            return await self._generate(request, chat)
+        except APIError as e:
+            self.ctx.metrics.failed("unknown", None, e.status)
+            raise
 
     async def models(self, request: Request) -> Response:
         tenant = await self.ctx.auth.tenant(request)
@@ -69,6 +76,8 @@ class OpenAIRoutes:
     # -- the request path ------------------------------------------------------------------------
     async def _generate(self, request: Request, chat: bool) -> Response:
         ctx = self.ctx
+        started = time.monotonic()
+        timing: dict[str, float] = {}
         server_span = get_current_span()
         with span(ctx.tracer, "auth"):
             tenant = await ctx.auth.tenant(request)
@@ -174,6 +183,20 @@ class OpenAIRoutes:
                 await ctx.redis.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
 
             def done(event: OutputEvent) -> None:
+                now = time.monotonic()
+                first = timing.get("first", now)
+                itl = (now - first) / (event.completion_tokens - 1) if event.completion_tokens > 1 else None
+                ctx.metrics.finished(
+                    target.model_id,
+                    target.base,
+                    adapter_key,
+                    first - started,
+                    now - started,
+                    itl,
+                    event.prompt_tokens,
+                    event.cached_tokens,
+                    event.completion_tokens,
+                )
                 ctx.decisions.finished(decision, event.cached_tokens)
                 ctx.admission.settle(
                     tenant, target.base, charged, event.prompt_tokens, event.completion_tokens
@@ -195,6 +218,7 @@ class OpenAIRoutes:
         except APIError:
             await self._cancel(rid)
             raise
+        timing["first"] = time.monotonic()
         if first.error is not None:
             ctx.mux.unsubscribe(rid)
             err = first.error

@@ -83,7 +83,7 @@ class Router:
                 decision, shadow.profile().route(request, candidates, self.rng, decision_id)
             )
         if decision.outcome is Outcome.NO_WORKER:
-            self.log.outcomes[decision.outcome.value] += 1
+            self.log.count(decision)
             raise APIError(
                 503,
                 f"No worker is serving '{request.base}' right now.",
@@ -91,7 +91,7 @@ class Router:
                 headers={"Retry-After": "2"},
             )
         if decision.outcome is Outcome.FILTERED_OUT or decision.worker_id is None:
-            self.log.outcomes[decision.outcome.value] += 1
+            self.log.count(decision)
             raise APIError(
                 429,
                 f"All workers serving '{request.base}' are at capacity; retry shortly. ({decision.reason})",

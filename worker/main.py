@@ -17,6 +17,7 @@ from loragate.redis_url import connect_sync
 from loragate.tracing import make_provider
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
+from worker.metrics import serve_metrics
 from worker.registry import AdapterRegistry
 from worker.service import WorkerService
 
@@ -33,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--kv-cache-mb", type=int, default=512)
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics port")
     return p
 
 
@@ -59,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     provider = make_provider("loragate-worker")
     tracer = provider.get_tracer("loragate.worker") if provider is not None else None
     service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer)
+    if args.metrics_port:
+        serve_metrics(engine, worker_id, args.metrics_port, args.metrics_host)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         logging.getLogger("loragate.worker").info("draining (signal %d)", signum)

@@ -58,7 +58,8 @@ class Stack:
                 stderr=subprocess.STDOUT,
             )
 
-    def start_worker(self, worker_id: str, base: str = "tiny") -> None:
+    def start_worker(self, worker_id: str, base: str = "tiny", metrics_port: int | None = None) -> None:
+        extra = ["--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"] if metrics_port else []
         self.workers[worker_id] = self._spawn(
             [
                 "worker",
@@ -72,6 +73,7 @@ class Stack:
                 str(self.zoo.root / "adapters" / base),
                 "--kv-cache-mb",
                 "64",
+                *extra,
             ],
             f"{worker_id}.log",
         )

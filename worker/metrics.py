@@ -1,0 +1,57 @@
+"""A worker's own Prometheus metrics (`loragate worker --metrics-port N`), read from the engine at scrape
+time: KV blocks used/free, sequences running/waiting, prefix-cache hit vs queried prompt tokens, adapter
+loads by tier (disk → host memory, host → device slot), preemptions and generated tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from worker.engine import LLMEngine
+
+
+class EngineCollector(Collector):
+    def __init__(self, engine: LLMEngine, worker_id: str):
+        self.engine, self.worker_id = engine, worker_id
+
+    def collect(self) -> Iterator[Metric]:
+        e, w = self.engine, [self.worker_id]
+        kv = GaugeMetricFamily("loragate_engine_kv_blocks", "KV blocks", labels=["worker", "state"])
+        kv.add_metric([*w, "free"], e.blocks.num_free_blocks)
+        kv.add_metric([*w, "used"], e.blocks.num_blocks - e.blocks.num_free_blocks)
+        seqs = GaugeMetricFamily(
+            "loragate_engine_sequences", "Sequences in the engine", labels=["worker", "state"]
+        )
+        seqs.add_metric([*w, "running"], len(e.scheduler.running))
+        seqs.add_metric([*w, "waiting"], len(e.scheduler.waiting))
+        prefix = CounterMetricFamily(
+            "loragate_engine_prefix_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            labels=["worker", "kind"],
+        )
+        prefix.add_metric([*w, "hit"], e.blocks.hit_tokens)
+        prefix.add_metric([*w, "queried"], e.blocks.queried_tokens)
+        loads = CounterMetricFamily(
+            "loragate_engine_adapter_loads", "Adapter loads by source tier", labels=["worker", "tier"]
+        )
+        loads.add_metric([*w, "disk"], e.adapters.disk_reads)
+        loads.add_metric([*w, "host"], e.adapters.device_loads)
+        preempt = CounterMetricFamily("loragate_engine_preemptions", "Sequences preempted", labels=["worker"])
+        preempt.add_metric(w, e.stats.preemptions)
+        tokens = CounterMetricFamily(
+            "loragate_engine_generated_tokens", "Tokens generated", labels=["worker"]
+        )
+        tokens.add_metric(w, e.stats.decode_tokens)
+        yield from (kv, seqs, prefix, loads, preempt, tokens)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+def serve_metrics(engine: LLMEngine, worker_id: str, port: int, host: str = "0.0.0.0") -> None:
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine, worker_id))
+    start_http_server(port, addr=host, registry=registry)
