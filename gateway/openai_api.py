@@ -136,6 +136,7 @@ class OpenAIRoutes:
         rid = self._request_id(request, chat)
         adapter_key = target.adapter.key if target.adapter else None
         headers = {"x-request-id": rid}
+        routed_to: str | None = None
         done: Callable[[OutputEvent], None] = lambda event: None  # noqa: E731
         retry = "x-request-id" in request.headers and await ctx.redis.exists(keys.output(rid))
         if not retry:
@@ -163,6 +164,7 @@ class OpenAIRoutes:
                     raise
                 route_span.set_attributes(decision_attributes(decision))
             assert decision.worker_id is not None
+            routed_to = decision.worker_id
             await ctx.decisions.record(decision, rid)
             headers["x-loragate-decision"] = decision.decision_id
             if alias is not None:
@@ -218,6 +220,9 @@ class OpenAIRoutes:
         except APIError:
             await self._cancel(rid)
             raise
+        finally:
+            if routed_to is not None:
+                ctx.router.prefill_done(routed_to, len(prompt))
         timing["first"] = time.monotonic()
         if first.error is not None:
             ctx.mux.unsubscribe(rid)

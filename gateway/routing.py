@@ -46,6 +46,9 @@ class Router:
     ):
         self.fleet, self.holder, self.index, self.log = fleet, holder, index, log
         self.rng = random.Random(seed)
+        # Prompt tokens this gateway routed to each worker that have not produced a first token yet: the
+        # prefill work queued ahead of a new request (the cost scorer's `queued_tokens`).
+        self.queued_tokens: dict[str, int] = {}
 
     def is_alias(self, model: str) -> bool:
         return model in self.holder.policy.aliases
@@ -99,13 +102,24 @@ class Router:
                 headers={"Retry-After": "1"},
             )
         self.fleet.note_enqueued(decision.worker_id)  # before any await: concurrent requests see it
+        self.queued_tokens[decision.worker_id] = (
+            self.queued_tokens.get(decision.worker_id, 0) + request.prompt_tokens
+        )
         self.index.record_routed(decision.worker_id, request.block_hashes)
         return decision
+
+    def prefill_done(self, worker_id: str, prompt_tokens: int) -> None:
+        """The request's first token came back (or it failed): its prompt no longer waits on the worker."""
+        left = self.queued_tokens.get(worker_id, 0) - prompt_tokens
+        if left > 0:
+            self.queued_tokens[worker_id] = left
+        else:
+            self.queued_tokens.pop(worker_id, None)
 
     def _candidate(self, worker_id: str, hashes: tuple[int, ...]) -> Candidate:
         view = self.fleet.workers[worker_id]
         cached = self.index.cached_blocks(worker_id, hashes) if hashes else 0
-        return Candidate(view.state, view.queue_len, cached)
+        return Candidate(view.state, view.queue_len, cached, self.queued_tokens.get(worker_id, 0))
 
 
 def route_request(

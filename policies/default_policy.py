@@ -63,7 +63,7 @@ DEFAULT_POLICY: Final[dict[str, Any]] = {
                 {"ref": "prefix", "weight": 3},
                 {"ref": "adapter", "weight": 2},
                 {"ref": "load", "weight": 2},
-                {"ref": "cost", "weight": 3},
+                {"ref": "cost", "weight": 6},
                 {"ref": "difficulty", "weight": 1},
                 {"ref": "max"},
             ],

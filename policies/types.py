@@ -55,7 +55,7 @@ class Candidate:
     state: WorkerState
     outstanding: int  # requests queued, waiting or running on it
     cached_blocks: int = 0  # leading blocks of this request's prompt it holds (precise or approximate)
-    queued_tokens: int = 0  # prompt tokens queued ahead of this request, when the caller knows (0: unknown)
+    queued_tokens: int | None = None  # prompt tokens queued ahead of this request; None when unknown
 
     @property
     def worker_id(self) -> str:

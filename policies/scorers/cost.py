@@ -3,7 +3,8 @@
 Algorithm: for each candidate,
 
     rate = state.prefill_tok_s, or default_prefill_tok_s when the worker has not measured one yet
-    wait = queued_tokens / rate           when the caller knows the prompt tokens queued ahead of us,
+    wait = queued_tokens / rate           when the caller knows the prompt tokens queued ahead of us
+                                          (0 included: decoding requests do not delay a prefill much),
          = outstanding * request_s        otherwise (a per-request service estimate)
     load = the adapter's load cost for the tier it is in on that worker (`policies.load_cost`)
     ttft = wait + load + uncached_prompt_tokens / rate,  uncached = prompt - cached_blocks * block_size
@@ -44,7 +45,7 @@ class CostScorer(Scorer):
     def predicted_ttft(self, request: RouteRequest, candidate: Candidate) -> float:
         """Predicted seconds until the request's first token on this candidate."""
         rate = candidate.state.prefill_tok_s or self.default_prefill_tok_s
-        if candidate.queued_tokens > 0:
+        if candidate.queued_tokens is not None:
             wait = candidate.queued_tokens / rate
         else:
             wait = candidate.outstanding * self.request_s

@@ -23,7 +23,11 @@ def request(**fields: Any) -> RouteRequest:
 
 
 def candidate(
-    worker_id: str = "w1", outstanding: int = 0, cached_blocks: int = 0, queued_tokens: int = 0, **state: Any
+    worker_id: str = "w1",
+    outstanding: int = 0,
+    cached_blocks: int = 0,
+    queued_tokens: int | None = None,
+    **state: Any,
 ) -> Candidate:
     """A candidate serving `tiny` with 100 free of 100 KV blocks, heartbeat at t=1000, unless overridden."""
     values: dict[str, Any] = {

@@ -31,7 +31,7 @@ def test_the_default_policy() -> None:
         "prefix": 3,
         "adapter": 2,
         "load": 2,
-        "cost": 3,
+        "cost": 6,
         "difficulty": 1,
     }
     assert isinstance(default.picker, MaxPicker)

@@ -19,6 +19,7 @@ PARAMS = {"request_s": 0.1, "default_prefill_tok_s": 1000, "device_s": 0, "host_
         pytest.param({}, {"prefill_tok_s": 500.0}, 0.2, id="measured prefill rate"),
         pytest.param({}, {"outstanding": 3}, 0.4, id="queue wait from outstanding requests"),
         pytest.param({}, {"outstanding": 3, "queued_tokens": 200}, 0.3, id="queue wait from queued tokens"),
+        pytest.param({}, {"outstanding": 3, "queued_tokens": 0}, 0.1, id="known empty queue: no wait"),
         pytest.param({"adapter": "tiny:a"}, {}, 0.6, id="adapter loaded from disk"),
         pytest.param(
             {"adapter": "tiny:a"}, {"adapters_host": ("tiny:a",)}, 0.15, id="adapter in host memory"
