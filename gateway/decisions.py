@@ -7,6 +7,7 @@ prompt tokens are summed when requests finish, so operators can see how good the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -60,6 +61,7 @@ class DecisionLog:
     predicted_cached_tokens: int = 0
     actual_cached_tokens: int = 0
     shadow: ShadowStats = field(default_factory=ShadowStats)
+    _pending: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def count(self, decision: RouteDecision) -> None:
         self.outcomes[decision.outcome.value] += 1
@@ -68,11 +70,13 @@ class DecisionLog:
             if decision.worker_id is not None:
                 self.metrics.adapter_tier.labels(tier=decision.adapter_tier.value).inc()
 
-    async def record(self, decision: RouteDecision, request_id: str) -> None:
+    def record(self, decision: RouteDecision, request_id: str) -> None:
+        """Count the decision; store it for `/admin/decisions/{id}` in the background (off the TTFT path)."""
         self.count(decision)
-        await self.redis.set(
-            keys.decision(decision.decision_id), decision_json(decision, request_id), ex=DECISION_TTL_S
-        )
+        key, value = keys.decision(decision.decision_id), decision_json(decision, request_id)
+        task = asyncio.create_task(self.redis.set(key, value, ex=DECISION_TTL_S))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     def finished(self, decision: RouteDecision, actual_cached_tokens: int) -> None:
         self.predicted_cached_tokens += decision.predicted_cached_tokens

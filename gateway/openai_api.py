@@ -165,7 +165,7 @@ class OpenAIRoutes:
                 route_span.set_attributes(decision_attributes(decision))
             assert decision.worker_id is not None
             routed_to = decision.worker_id
-            await ctx.decisions.record(decision, rid)
+            ctx.decisions.record(decision, rid)
             headers["x-loragate-decision"] = decision.decision_id
             if alias is not None:
                 headers["x-loragate-model"] = f"{alias.model}; difficulty {alias.score:.2f}"
