@@ -63,6 +63,8 @@ class AdapterCache:
         self.tier_events: list[tuple[str, str]] = []  # (adapter, new tier) since the last drain
         self.disk_reads = 0  # host-tier misses: adapter read from disk
         self.device_loads = 0  # slot writes: adapter copied from host into a device slot
+        self.device_evictions = 0  # adapters dropped from a device slot
+        self.host_evictions = 0  # adapters dropped from host memory
 
     # -- registry -------------------------------------------------------------------------------
     def register(self, name: str, path: Path) -> None:
@@ -97,6 +99,7 @@ class AdapterCache:
             if victim is None:
                 break
             del self.host[victim]
+            self.host_evictions += 1
             self.tier_events.append((victim, "device" if victim in self.device_lru else "disk"))
         return weights
 
@@ -120,6 +123,7 @@ class AdapterCache:
     def apply(self, plan: AdapterPlan) -> None:
         for name, slot in plan.evict:
             del self.device_lru[name]
+            self.device_evictions += 1
             self.tier_events.append((name, "host" if name in self.host else "disk"))
             for stack in self.stacks.values():
                 stack.ranks[slot] = 0

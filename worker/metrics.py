@@ -1,6 +1,7 @@
 """A worker's own Prometheus metrics (`loragate worker --metrics-port N`), read from the engine at scrape
 time: KV blocks used/free, sequences running/waiting, prefix-cache hit vs queried prompt tokens, adapter
-loads by tier (disk → host memory, host → device slot), preemptions and generated tokens."""
+loads by tier (disk → host memory, host → device slot) and evictions by tier, preemptions and generated
+tokens."""
 
 from __future__ import annotations
 
@@ -39,13 +40,18 @@ class EngineCollector(Collector):
         )
         loads.add_metric([*w, "disk"], e.adapters.disk_reads)
         loads.add_metric([*w, "host"], e.adapters.device_loads)
+        evictions = CounterMetricFamily(
+            "loragate_engine_adapter_evictions", "Adapter evictions by tier", labels=["worker", "tier"]
+        )
+        evictions.add_metric([*w, "device"], e.adapters.device_evictions)
+        evictions.add_metric([*w, "host"], e.adapters.host_evictions)
         preempt = CounterMetricFamily("loragate_engine_preemptions", "Sequences preempted", labels=["worker"])
         preempt.add_metric(w, e.stats.preemptions)
         tokens = CounterMetricFamily(
             "loragate_engine_generated_tokens", "Tokens generated", labels=["worker"]
         )
         tokens.add_metric(w, e.stats.decode_tokens)
-        yield from (kv, seqs, prefix, loads, preempt, tokens)
+        yield from (kv, seqs, prefix, loads, evictions, preempt, tokens)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

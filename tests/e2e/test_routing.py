@@ -105,3 +105,30 @@ def test_shadow_policy_reports_disagreement(stack: Stack) -> None:
     assert report["compared"] == 6 and report["different_worker"] >= 1
     assert report["active_predicted_cached_tokens"] > 0 and report["shadow_predicted_cached_tokens"] >= 0
     assert httpx.delete(f"{stack.url}/admin/policy/shadow", headers=ADMIN).status_code == 204
+
+
+def test_auto_picks_a_tier_by_difficulty_and_explains_it(stack: Stack) -> None:
+    easy = httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        headers=KEY,
+        timeout=60,
+        json={"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
+    assert easy.status_code == 200, easy.text
+    model, _, score = easy.headers["x-loragate-model"].partition("; difficulty ")
+    assert model == "tiny" and 0.0 <= float(score) < 0.4  # the easy band of the default `auto` alias
+    assert easy.json()["model"] == "tiny"
+    hard_prompt = (
+        "Prove that the integral of x^2 dx from 0 to 1 equals 1/3, step by step, then write "
+        "a Python function with unit tests that checks it numerically:\n```python\ndef f(x):"
+    )
+    hard = httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        headers=KEY,
+        timeout=60,
+        json={"model": "auto", "messages": [{"role": "user", "content": hard_prompt}], "max_tokens": 400},
+    )
+    assert hard.status_code == 200, hard.text
+    model, _, score = hard.headers["x-loragate-model"].partition("; difficulty ")
+    # The hard band's model (`small`) has no worker in this stack, so the nearest tier with one serves it.
+    assert float(score) >= 0.4 and model == "tiny"

@@ -28,6 +28,7 @@ def test_plan_loads_into_free_slots_then_evicts_lru(zoo: ZooPaths) -> None:
     assert plan.evict == ((b, 1),) and plan.load == ((c, 1),)
     cache.apply(plan)
     assert cache.tier(b) == "host" and cache.tier(c) == "device"
+    assert cache.device_evictions == 1 and cache.device_loads == 3
 
 
 def test_plan_never_evicts_an_adapter_needed_in_the_same_step(zoo: ZooPaths) -> None:
@@ -62,6 +63,6 @@ def test_host_tier_is_bounded_in_bytes_and_reloads_from_disk(zoo: ZooPaths) -> N
     cache.ensure_host(names[0])
     cache.ensure_host(names[1])
     assert list(cache.host) == [names[1]]
-    assert cache.tier(names[0]) == "disk"
+    assert cache.tier(names[0]) == "disk" and cache.host_evictions == 1
     cache.ensure_host(names[0])
     assert cache.disk_reads == 3

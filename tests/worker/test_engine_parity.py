@@ -8,7 +8,9 @@ by a tiny KV pool.
 from __future__ import annotations
 
 import random
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,3 +108,28 @@ def test_other_llama_family_architectures_match_hf(
     engine = engine_for(zoo, base)
     requests = mixed_requests(zoo, base, engine.model_config.vocab_size, seed=6, n=6)
     assert_matches_reference(engine, requests, hf_reference(base))
+
+
+def test_sharded_checkpoint_loads_and_matches(
+    zoo: ZooPaths, hf_reference: Callable[[str], Any], tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(zoo.base("tiny")))
+    sharded = tmp_path / "tiny-sharded"
+    model.save_pretrained(str(sharded), max_shard_size="2MB")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(zoo.base("tiny") / name, sharded / name)
+    assert (sharded / "model.safetensors.index.json").exists() and len(
+        list(sharded.glob("*.safetensors"))
+    ) > 1
+    engine = LLMEngine(sharded, EngineConfig())
+    requests = [
+        r
+        for r in mixed_requests(zoo, "tiny", engine.model_config.vocab_size, seed=8, n=4)
+        if r.adapter is None
+    ]
+    requests += [
+        Request("base-2", (11, 12, 13, 14, 15), SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    ]
+    assert_matches_reference(engine, requests, hf_reference("tiny"))
