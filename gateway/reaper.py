@@ -90,7 +90,7 @@ class Reaper:
         return moved
 
     async def _reroute(self, queue: str, entry_id: bytes, msg: QueuedRequest) -> bool:
-        streamed, done = streamed_so_far(await self.redis.xrange(keys.output(msg.request_id)))
+        streamed, _, done = streamed_so_far(await self.redis.xrange(keys.output(msg.request_id)))
         if not done:
             worker = least_loaded(self.fleet, msg.model)
             if worker is None:

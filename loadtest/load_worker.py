@@ -188,7 +188,7 @@ class LoadWorker:
     async def _start(
         self, entry_id: str, msg: QueuedRequest, history: list[tuple[bytes, dict[bytes, bytes]]]
     ) -> None:
-        streamed, done = streamed_so_far(history)
+        streamed, _, done = streamed_so_far(history)
         if done:  # finished before a restart; only the ack was lost
             await self._ack([entry_id])
             return

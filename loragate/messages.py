@@ -147,12 +147,15 @@ class AdapterRecord:
         return AdapterRecord(**d)
 
 
-def streamed_so_far(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> tuple[list[int], bool]:
-    """From a request's output-stream entries: the token ids already streamed, and whether it ended."""
+def streamed_so_far(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> tuple[list[int], str, bool]:
+    """From a request's output-stream entries: the token ids and text already streamed, and whether it
+    ended."""
     ids: list[int] = []
+    texts: list[str] = []
     done = False
     for _, fields in entries:
         event = OutputEvent.from_json(fields[b"e"])
         ids.extend(event.token_ids)
+        texts.append(event.text)
         done = done or event.is_last
-    return ids, done
+    return ids, "".join(texts), done

@@ -55,6 +55,11 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    # Continuing a request another worker started (it died): the tokens it generated and the text it
+    # streamed. They count as this request's output: generation, max_tokens and detokenization go on
+    # exactly where they stopped, so the client's text continues seamlessly.
+    resume_token_ids: tuple[int, ...] = ()
+    resume_text: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,9 +109,13 @@ class LLMEngine:
             seed = p.seed if p.seed is not None else secrets.randbits(63)
             generator = torch.Generator().manual_seed(seed)
         seq = Sequence.from_request(request)
-        self.requests[request.request_id] = _Tracked(
-            seq, DetokenizerState.start(request.prompt_token_ids, p.stop), generator
-        )
+        detok = DetokenizerState.start(request.prompt_token_ids, p.stop)
+        if request.resume_token_ids:
+            # Replay what the previous worker generated, then continue after the text it streamed.
+            for n in range(1, len(request.resume_token_ids) + 1):
+                self.detokenizer.update(detok, list(request.resume_token_ids[:n]))
+            detok.emitted = min(len(request.resume_text), len(detok.text))
+        self.requests[request.request_id] = _Tracked(seq, detok, generator)
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> bool:
@@ -195,6 +199,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(request.resume_token_ids) >= request.params.max_tokens:
+            raise ValueError("nothing left to generate: the resumed tokens already reach max_tokens")
         total = len(ids) + request.params.max_tokens
         if total > self.max_model_len:
             raise ValueError(

@@ -39,7 +39,7 @@ class Sequence:
     def from_request(cls, request: Request) -> Sequence:
         return cls(
             request=request,
-            token_ids=list(request.prompt_token_ids),
+            token_ids=[*request.prompt_token_ids, *request.resume_token_ids],
             num_prompt_tokens=len(request.prompt_token_ids),
         )
 

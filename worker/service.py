@@ -42,8 +42,8 @@ class _Active:
     timeline: RequestTimeline | None = None
 
 
-def already_streamed(r: redis.Redis, request_id: str) -> tuple[list[int], bool]:
-    """Tokens a request's output stream already holds, and whether its last event was written."""
+def already_streamed(r: redis.Redis, request_id: str) -> tuple[list[int], str, bool]:
+    """Tokens and text a request's output stream already holds, and whether its last event was written."""
     return streamed_so_far(r.xrange(keys.output(request_id)))
 
 
@@ -122,14 +122,15 @@ class WorkerService:
 
     def _start(self, entry_id: str, msg: QueuedRequest, pending: bool) -> None:
         streamed: list[int] = []
+        text = ""
         done = False
         if pending or msg.attempt > 0:  # only then can output already exist
-            streamed, done = already_streamed(self.redis, msg.request_id)
+            streamed, text, done = already_streamed(self.redis, msg.request_id)
         if done:  # finished before a crash, only the ack was lost
             self._ack(entry_id)
             return
-        resume = tuple(streamed) or msg.resume_token_ids
-        params = replace(msg.params, max_tokens=msg.params.max_tokens - len(resume))
+        # The output stream is the truth about what the client already has: continue right after it.
+        resume = tuple(streamed)
         timeline = RequestTimeline(msg) if self.tracer is not None else None
         started = time.perf_counter()
         try:
@@ -140,7 +141,16 @@ class WorkerService:
                 adapter = self.registry.ensure_registered(self.engine, msg.adapter)
                 if timeline is not None:
                     timeline.adapter_tier = self.engine.adapters.tier(adapter)
-            self.engine.add_request(Request(msg.request_id, msg.prompt_token_ids + resume, params, adapter))
+            self.engine.add_request(
+                Request(
+                    msg.request_id,
+                    msg.prompt_token_ids,
+                    msg.params,
+                    adapter,
+                    resume_token_ids=resume,
+                    resume_text=text,
+                )
+            )
         except (ValueError, AdapterError, TimeoutError) as e:
             status = 504 if isinstance(e, TimeoutError) else 400
             self._fail(entry_id, msg, status, str(e))
@@ -174,13 +184,12 @@ class WorkerService:
             active = self.active.get(out.request_id)
             if active is None:
                 continue
-            resumed = len(active.message.resume_token_ids)
             event = OutputEvent(
                 token_ids=out.new_token_ids,
                 text=out.text_delta,
                 finish_reason=out.finish_reason.value if out.finish_reason else None,
                 prompt_tokens=len(active.message.prompt_token_ids),
-                completion_tokens=out.completion_tokens + resumed,
+                completion_tokens=out.completion_tokens,
                 cached_tokens=out.cached_tokens,
                 worker_id=self.worker_id,
             )

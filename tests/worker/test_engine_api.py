@@ -186,3 +186,35 @@ def test_adapter_for_another_base_fails_with_a_clear_error(zoo: ZooPaths, engine
     with pytest.raises(AdapterError, match="made for another base model"):
         engine.add_request(Request("wb", prompt(14), greedy(), adapter="wrong-base"))
     assert not engine.has_unfinished()
+
+
+def test_resuming_another_workers_request_continues_tokens_and_text_exactly(engine: LLMEngine) -> None:
+    """A worker that takes over after a crash gets the tokens and text already streamed; the rest of the
+    answer must be exactly what the first worker would have produced, even when the crash fell inside a
+    multi-byte character that was still held back."""
+    n = 24
+    split_inside_char = False
+    for seed in range(40, 60):
+        full = run(engine, Request(f"full{seed}", prompt(seed, 12), greedy(n)))[f"full{seed}"]
+        tokens = [o.new_token_ids[0] for o in full]
+        texts = [o.text_delta for o in full]
+        for k in range(1, n):
+            streamed = "".join(texts[:k])
+            split_inside_char |= streamed != engine.tokenizer.decode(tokens[:k])
+            resumed = run(
+                engine,
+                Request(
+                    f"r{seed}-{k}",
+                    prompt(seed, 12),
+                    greedy(n),
+                    resume_token_ids=tuple(tokens[:k]),
+                    resume_text=streamed,
+                ),
+            )
+            outs = resumed[f"r{seed}-{k}"]
+            assert [o.new_token_ids[0] for o in outs] == tokens[k:]
+            assert streamed + "".join(o.text_delta for o in outs) == "".join(texts), (seed, k)
+            assert outs[-1].completion_tokens == n and outs[-1].finish_reason is FinishReason.LENGTH
+        if split_inside_char:
+            break
+    assert split_inside_char  # the hard case was exercised
