@@ -73,6 +73,10 @@ class BlockManager:
         hits = len(seq.block_table)
         seq.num_computed_tokens = seq.num_cached_tokens = hits * self.block_size
         seq.num_registered_blocks = hits
+
+    def record_admission(self, seq: Sequence) -> None:
+        """Count a prefix lookup once, when its sequence is really admitted (a lookup that is rolled back
+        because the KV pool is full is retried later and must not count twice)."""
         self.hit_tokens += seq.num_cached_tokens
         self.queried_tokens += seq.num_tokens
 

@@ -50,7 +50,6 @@ class Completion:
 @dataclass
 class EngineStats:
     steps: int = 0
-    prompt_tokens_computed: int = 0
     decode_tokens: int = 0
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=dict)
@@ -158,10 +157,6 @@ class LLMEngine:
         for seq, n in order:
             seq.num_computed_tokens += n
             self.blocks.commit(seq)
-            if seq.num_prompt_tokens > seq.num_computed_tokens - n:
-                self.stats.prompt_tokens_computed += min(
-                    n, seq.num_prompt_tokens - (seq.num_computed_tokens - n)
-                )
         for t, token in zip(tracked, tokens, strict=True):
             outputs.append(self._append_token(t, token))
         return outputs

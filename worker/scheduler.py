@@ -108,6 +108,7 @@ class Scheduler:
                 self.blocks.free_seq(seq)
                 break
             self.waiting.popleft()
+            self.blocks.record_admission(seq)
             self.blocks.append_slots(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
