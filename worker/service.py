@@ -1,11 +1,13 @@
 """The worker service: drives the engine step by step and talks only to Redis.
 
-Loop: heartbeat (≈1 s) → cancellations → admit queued requests (`XREADGROUP` on `lg:q:{worker}`, only as
-many as the engine can start soon, so the rest wait in Redis where they can be re-routed) → one engine
-step → append each request's output event to `lg:out:{id}` → `XACK` a request only once its last event is
-written. On start it first re-reads its own pending entries (a restart), resuming after any tokens that
-were already streamed. SIGTERM drains: the heartbeat says `draining`, no new admissions, running
-requests finish, then the heartbeat is removed so gateways re-route whatever is still queued.
+Loop: heartbeat (≈1 s) → cancellations → when idle, a blocking `XREADGROUP` on `lg:q:{worker}` → one
+engine step → one pipeline, one round trip, with all of the step's Redis I/O: each request's output event
+on `lg:out:{id}`, the `XACK` of requests whose last event that was (never before it), the step's KV events,
+and a non-blocking read of newly queued requests (only as many as the engine can start soon, so the rest
+wait in Redis where they can be re-routed). On start it first re-reads its own pending entries (a
+restart), resuming after any tokens that were already streamed. SIGTERM drains: the heartbeat says
+`draining`, no new admissions, running requests finish, then the heartbeat is removed so gateways
+re-route whatever is still queued.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import redis
 from opentelemetry.trace import Tracer
+from redis.client import Pipeline
 
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_so_far
@@ -88,11 +92,11 @@ class WorkerService:
         while not (self.draining.is_set() and not self.engine.has_unfinished()):
             self.heartbeat()
             self._poll_cancels()
-            if not self.draining.is_set():
-                self._admit(pending=False, block_ms=0 if self.engine.has_unfinished() else 100)
-            if self.engine.has_unfinished():
-                self._publish(self.engine.step())
-                self._publish_kv_events()
+            if not self.engine.has_unfinished():
+                if not self.draining.is_set():  # idle: wait in Redis for work, then step at once
+                    self._admit(pending=False, block_ms=100)
+                continue
+            self._flush(self.engine.step())
         self.redis.delete(keys.worker_state(self.worker_id))
         self._pubsub.close()
         self.stopped.set()
@@ -101,21 +105,24 @@ class WorkerService:
         self.draining.set()
 
     # -- admission --------------------------------------------------------------------------------
+    def _room(self) -> int:
+        return self.max_waiting - len(self.engine.scheduler.waiting)
+
     def _admit(self, pending: bool, block_ms: int = 0) -> None:
-        room = self.max_waiting - len(self.engine.scheduler.waiting)
-        if room <= 0:
+        """Read queued requests: our own pending entries ("0", after a restart) or new ones (">")."""
+        if self._room() <= 0:
             return
-        # Pending entries ("0") are our own from before a restart; ">" are new ones. BLOCK 0 would wait
-        # forever in Redis, so a busy engine polls without BLOCK.
-        start = "0" if pending else ">"
-        block = block_ms if block_ms > 0 and not pending else None
+        block = block_ms if block_ms > 0 and not pending else None  # BLOCK 0 would wait forever
         reply = self.redis.xreadgroup(
             keys.WORKER_GROUP,
             self.worker_id,
-            {self.queue: start},
-            count=None if pending else room,
+            {self.queue: "0" if pending else ">"},
+            count=None if pending else self._room(),
             block=block,
         )
+        self._start_entries(reply, pending)
+
+    def _start_entries(self, reply: Any, pending: bool) -> None:
         for _, entries in reply or []:
             for entry_id, fields in entries:
                 self._start(entry_id.decode(), QueuedRequest.from_json(fields[b"m"]), pending)
@@ -175,10 +182,33 @@ class WorkerService:
         pipe.execute()
 
     # -- outputs ----------------------------------------------------------------------------------
-    def _publish(self, outputs: list[RequestOutput]) -> None:
-        if not outputs:
-            return
+    def _flush(self, outputs: list[RequestOutput]) -> None:
+        """All of a step's Redis I/O in one round trip (one pipeline, executed in order): each request's
+        output event, then the acks of finished requests (so a request is acknowledged only after its last
+        event is written), then the step's KV events, then a non-blocking read of newly queued requests,
+        which join the batch at the next step."""
         pipe = self.redis.pipeline(transaction=False)
+        finished = self._add_outputs(pipe, outputs)
+        for rid in finished:
+            pipe.xack(self.queue, keys.WORKER_GROUP, self.active[rid].entry_id)
+            pipe.xdel(self.queue, self.active[rid].entry_id)
+        self._add_events(pipe, self._kv_events())
+        polling = not self.draining.is_set() and self._room() > 0
+        if polling:
+            pipe.xreadgroup(
+                keys.WORKER_GROUP, self.worker_id, {self.queue: ">"}, count=self._room(), block=None
+            )
+        replies = pipe.execute()
+        for rid, reason in finished.items():
+            done = self.active.pop(rid)
+            if self.tracer is not None and done.timeline is not None:
+                emit_spans(self.tracer, done.timeline, self.worker_id, reason)
+        self._tokens_window.append((time.monotonic(), sum(len(o.new_token_ids) for o in outputs)))
+        if polling:
+            self._start_entries(replies[-1], pending=False)
+
+    def _add_outputs(self, pipe: Pipeline, outputs: list[RequestOutput]) -> dict[str, str | None]:
+        """Queue each output's event on `pipe`; returns the finished requests and their finish reasons."""
         finished: dict[str, str | None] = {}
         for out in outputs:
             active = self.active.get(out.request_id)
@@ -200,15 +230,9 @@ class WorkerService:
             pipe.expire(key, OUTPUT_TTL_S)
             if out.finished:
                 finished[out.request_id] = event.finish_reason
-        pipe.execute()  # the last events are durable before their queue entries are acknowledged
-        for rid in finished:
-            done = self.active.pop(rid)
-            self._ack(done.entry_id)
-            if self.tracer is not None and done.timeline is not None:
-                emit_spans(self.tracer, done.timeline, self.worker_id, finished[rid])
-        self._tokens_window.append((time.monotonic(), sum(len(o.new_token_ids) for o in outputs)))
+        return finished
 
-    def _publish_kv_events(self) -> None:
+    def _kv_events(self) -> list[KVEvent]:
         """Prefix-cache and adapter-residency changes of this step, for the routers' precise index."""
         now = time.time()
         stored, evicted = self.engine.blocks.drain_events()
@@ -224,16 +248,17 @@ class WorkerService:
             events.append(KVEvent(kind, adapter=name, tier=tier, ts=now))
             self._adapter_tiers[name] = tier
         self.engine.adapters.tier_events.clear()
-        self._emit(events)
+        return events
 
-    def _emit(self, events: list[KVEvent]) -> None:
-        if not events:
-            return
-        pipe = self.redis.pipeline(transaction=False)
+    def _add_events(self, pipe: Pipeline, events: list[KVEvent]) -> None:
         for event in events:
             pipe.xadd(
                 keys.events(self.worker_id), {"e": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
             )
+
+    def _emit(self, events: list[KVEvent]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        self._add_events(pipe, events)
         pipe.execute()
 
     def _poll_cancels(self) -> None:
