@@ -7,23 +7,24 @@ prompt tokens are summed when requests finish, so operators can see how good the
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from gateway.metrics import GatewayMetrics
 from loragate import keys
+from loragate.messages import shallow_dict
 from policies.types import RouteDecision, Tier
 
 DECISION_TTL_S = 3600
 
 
 def decision_json(decision: RouteDecision, request_id: str) -> str:
-    d = asdict(decision)
+    d = shallow_dict(decision)  # the nested values are plain dicts, tuples and enums: no deep copy needed
     d["outcome"], d["adapter_tier"] = decision.outcome.value, decision.adapter_tier.value
     d["request_id"] = request_id
     return json.dumps(d)
@@ -61,7 +62,6 @@ class DecisionLog:
     predicted_cached_tokens: int = 0
     actual_cached_tokens: int = 0
     shadow: ShadowStats = field(default_factory=ShadowStats)
-    _pending: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def count(self, decision: RouteDecision) -> None:
         self.outcomes[decision.outcome.value] += 1
@@ -70,13 +70,11 @@ class DecisionLog:
             if decision.worker_id is not None:
                 self.metrics.adapter_tier.labels(tier=decision.adapter_tier.value).inc()
 
-    def record(self, decision: RouteDecision, request_id: str) -> None:
-        """Count the decision; store it for `/admin/decisions/{id}` in the background (off the TTFT path)."""
+    def record(self, decision: RouteDecision, request_id: str, pipe: Pipeline) -> None:
+        """Count the decision, and store it for `/admin/decisions/{id}` with the request's enqueue
+        (`pipe`), so that costs no round trip of its own."""
         self.count(decision)
-        key, value = keys.decision(decision.decision_id), decision_json(decision, request_id)
-        task = asyncio.create_task(self.redis.set(key, value, ex=DECISION_TTL_S))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        pipe.set(keys.decision(decision.decision_id), decision_json(decision, request_id), ex=DECISION_TTL_S)
 
     def finished(self, decision: RouteDecision, actual_cached_tokens: int) -> None:
         self.predicted_cached_tokens += decision.predicted_cached_tokens

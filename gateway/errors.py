@@ -10,6 +10,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     408: "timeout",
+    499: "client_closed_request",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",

@@ -4,6 +4,9 @@ Refreshed in the background about every half second with one SCAN + MGET + pipel
 handlers read the latest snapshot without touching Redis. A worker deletes a queue entry only when the
 request has finished, so the length of its queue stream is its outstanding work — queued in Redis plus
 running or waiting in its engine — and, unlike the heartbeat's counters, it is never a second stale.
+Between refreshes this gateway adds its own changes: +1 for each request it enqueues, −1 for each of its
+requests that ends, so a burst of short requests does not look like a growing queue until the next
+refresh (which would make admission hold requests back for up to a refresh interval).
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ class Fleet:
         self.workers: dict[str, WorkerView] = {}
         self._task: asyncio.Task[None] | None = None
         self.refreshed = asyncio.Event()
+        self._delta: dict[str, int] = {}  # this gateway's enqueues minus its ended requests, per worker
 
     async def refresh(self) -> None:
+        before = dict(self._delta)
         names = [k async for k in self.redis.scan_iter(match=keys.WORKER_STATE_PATTERN, count=1000)]
         views: dict[str, WorkerView] = {}
         if names:
@@ -49,6 +54,11 @@ class Fleet:
                 pipe.xlen(keys.queue(s.worker_id))
             lengths = await pipe.execute()
             views = {s.worker_id: WorkerView(s, int(n)) for s, n in zip(states, lengths, strict=True)}
+        # Changes made while the refresh awaited Redis may be missing from its lengths: keep applying them.
+        self._delta = {w: d - before.get(w, 0) for w, d in self._delta.items() if d != before.get(w, 0)}
+        for worker_id, d in self._delta.items():
+            if (view := views.get(worker_id)) is not None:
+                views[worker_id] = WorkerView(view.state, max(0, view.queue_len + d))
         self.workers = views
         self.refreshed.set()
 
@@ -71,9 +81,17 @@ class Fleet:
 
     def note_enqueued(self, worker_id: str) -> None:
         """Count a request this gateway just queued, so routing sees it before the next refresh."""
+        self._note(worker_id, +1)
+
+    def note_ended(self, worker_id: str) -> None:
+        """Uncount a request this gateway queued that has ended (finished, failed or cancelled)."""
+        self._note(worker_id, -1)
+
+    def _note(self, worker_id: str, change: int) -> None:
+        self._delta[worker_id] = self._delta.get(worker_id, 0) + change
         view = self.workers.get(worker_id)
         if view is not None:
-            self.workers[worker_id] = WorkerView(view.state, view.queue_len + 1)
+            self.workers[worker_id] = WorkerView(view.state, max(0, view.queue_len + change))
 
     def serving(self, model: str) -> list[WorkerView]:
         return [w for w in self.workers.values() if w.state.model == model and not w.state.draining]

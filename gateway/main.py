@@ -32,7 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         resolve(args.redis), Path(args.config) if args.config else None, admin_token=args.admin_token
     )
     uvicorn.run(
-        create_app(settings), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )
     return 0
 

@@ -20,13 +20,16 @@ from typing import Any
 
 from opentelemetry.trace import get_current_span
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
 
 from gateway import protocol
 from gateway.catalog import AUTO, Target
 from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request
+from gateway.relay import ClientGone, EventChannel
 from gateway.routing import AliasChoice, decision_attributes, route_request
+from gateway.sse import EventStreamResponse
 from loragate import keys
 from loragate.hashing import block_hashes
 from loragate.messages import OutputEvent, QueuedRequest
@@ -38,7 +41,8 @@ _LIVENESS_S = 5.0
 
 class OpenAIRoutes:
     def __init__(self, ctx: GatewayContext):
-        self.ctx = ctx
+        self.ctx = ctx  # one instance per request
+        self._routed_to: str | None = None  # the worker this request was queued on by this handler
 
     async def completions(self, request: Request) -> Response:
         return await self._counted(request, chat=False)
@@ -164,8 +168,7 @@ class OpenAIRoutes:
                     raise
                 route_span.set_attributes(decision_attributes(decision))
             assert decision.worker_id is not None
-            routed_to = decision.worker_id
-            ctx.decisions.record(decision, rid)
+            routed_to = self._routed_to = decision.worker_id
             headers["x-loragate-decision"] = decision.decision_id
             if alias is not None:
                 headers["x-loragate-model"] = f"{alias.model}; difficulty {alias.score:.2f}"
@@ -181,8 +184,12 @@ class OpenAIRoutes:
                 operation="chat" if chat else "text_completion",
             )
             with span(ctx.tracer, "enqueue", {"loragate.worker": decision.worker_id}):
-                events = await ctx.mux.subscribe(rid)
-                await ctx.redis.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
+                # One round trip: the relay's wake-up, the request and its decision.
+                pipe = ctx.redis.pipeline(transaction=False)
+                events = await ctx.mux.subscribe(rid, pipe=pipe)
+                pipe.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
+                ctx.decisions.record(decision, rid, pipe)
+                await pipe.execute()
 
             def done(event: OutputEvent) -> None:
                 now = time.monotonic()
@@ -215,25 +222,43 @@ class OpenAIRoutes:
                 )
         else:
             events = await ctx.mux.subscribe(rid)  # a retry of a request we already have: relay it again
+        # From here on a client that goes away cancels its request, even while it still waits in a queue.
+        watcher = asyncio.ensure_future(self._watch(request.receive, events))
         try:
-            first = await self._next(events, target, ctx.settings.first_event_timeout_s)
-        except APIError:
-            await self._cancel(rid)
+            try:
+                first = await self._next(events, target, ctx.settings.first_event_timeout_s)
+            except (APIError, ClientGone) as e:
+                await self._cancel(rid)
+                raise e if isinstance(e, APIError) else _client_closed() from None
+            finally:
+                if routed_to is not None:
+                    ctx.router.prefill_done(routed_to, len(prompt))
+            timing["first"] = time.monotonic()
+            if first.error is not None:
+                self._finish(rid)
+                err = first.error
+                raise APIError(int(err.get("status", 400)), str(err.get("message")), code=err.get("code"))
+            headers["x-loragate-worker"] = first.worker_id
+            model_id = target.model_id if parsed.model != AUTO and alias is None else target.base
+            if parsed.stream:
+                stream = self._sse(
+                    rid, model_id, chat, parsed.include_usage, first, events, target, done, watcher
+                )
+                return EventStreamResponse(stream, headers)
+        except BaseException:
+            watcher.cancel()
             raise
+        try:
+            return await self._collect(rid, model_id, chat, first, events, target, headers, done)
         finally:
-            if routed_to is not None:
-                ctx.router.prefill_done(routed_to, len(prompt))
-        timing["first"] = time.monotonic()
-        if first.error is not None:
-            ctx.mux.unsubscribe(rid)
-            err = first.error
-            raise APIError(int(err.get("status", 400)), str(err.get("message")), code=err.get("code"))
-        headers["x-loragate-worker"] = first.worker_id
-        model_id = target.model_id if parsed.model != AUTO and alias is None else target.base
-        if parsed.stream:
-            stream = self._sse(rid, model_id, chat, parsed.include_usage, first, events, target, done)
-            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-        return await self._collect(rid, model_id, chat, first, events, target, headers, done)
+            watcher.cancel()
+
+    @staticmethod
+    async def _watch(receive: Receive, events: EventChannel) -> None:
+        """Tell the request's channel when its client disconnects (ASGI `http.disconnect`)."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        events.client_gone()
 
     async def _target(
         self,
@@ -261,15 +286,16 @@ class OpenAIRoutes:
             )
         return given
 
-    async def _next(self, events: asyncio.Queue[OutputEvent], target: Target, timeout: float) -> OutputEvent:
-        """The next event; fails instead of hanging when no worker can produce it."""
+    async def _next(self, events: EventChannel, target: Target, timeout: float) -> OutputEvent:
+        """The next event; fails instead of hanging when no worker can produce it, and raises
+        `ClientGone` when the client disconnected."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise APIError(504, "Timed out waiting for the model's output.", code="timeout")
             try:
-                return await asyncio.wait_for(events.get(), min(_LIVENESS_S, remaining))
+                return await events.get(min(_LIVENESS_S, remaining))
             except TimeoutError:
                 if not self.ctx.fleet.serving(target.base):
                     raise APIError(
@@ -279,8 +305,15 @@ class OpenAIRoutes:
                         headers={"Retry-After": "2"},
                     ) from None
 
-    async def _cancel(self, rid: str) -> None:
+    def _finish(self, rid: str) -> None:
+        """Stop relaying the request; it no longer counts on its worker's load here."""
         self.ctx.mux.unsubscribe(rid)
+        if self._routed_to is not None:
+            self.ctx.fleet.note_ended(self._routed_to)
+            self._routed_to = None
+
+    async def _cancel(self, rid: str) -> None:
+        self._finish(rid)
         await self.ctx.redis.publish(keys.CANCEL, rid)
 
     async def _collect(
@@ -289,7 +322,7 @@ class OpenAIRoutes:
         model: str,
         chat: bool,
         first: OutputEvent,
-        events: asyncio.Queue[OutputEvent],
+        events: EventChannel,
         target: Target,
         headers: dict[str, str],
         done: Callable[[OutputEvent], None],
@@ -305,7 +338,10 @@ class OpenAIRoutes:
         except (APIError, asyncio.CancelledError):
             await self._cancel(rid)
             raise
-        self.ctx.mux.unsubscribe(rid)
+        except ClientGone:
+            await self._cancel(rid)
+            raise _client_closed() from None
+        self._finish(rid)
         done(event)
         use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
         build = protocol.chat_body if chat else protocol.completion_body
@@ -318,9 +354,10 @@ class OpenAIRoutes:
         chat: bool,
         include_usage: bool,
         first: OutputEvent,
-        events: asyncio.Queue[OutputEvent],
+        events: EventChannel,
         target: Target,
         on_done: Callable[[OutputEvent], None],
+        watcher: asyncio.Future[None],
     ) -> AsyncIterator[str]:
         created = int(time.time())
         event, done = first, False
@@ -328,41 +365,57 @@ class OpenAIRoutes:
         def data(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
+        # Everything ready goes out in one write: the events already relayed, and with the last one the
+        # usage chunk and [DONE].
+        parts: list[str] = []
+        if chat:
+            parts.append(
+                data(protocol.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, None))
+            )
         try:
-            if chat:
-                yield data(
-                    protocol.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, None)
-                )
             while True:
                 if event.error is not None:
-                    yield data({"error": {k: v for k, v in event.error.items() if k != "status"}})
+                    parts.append(data({"error": {k: v for k, v in event.error.items() if k != "status"}}))
                     break
                 if event.text or event.is_last:
-                    if chat:
-                        delta = {"content": event.text} if event.text else {}
-                        yield data(protocol.chat_chunk(rid, model, created, delta, event.finish_reason))
-                    else:
-                        yield data(
-                            protocol.completion_chunk(rid, model, created, event.text, event.finish_reason)
+                    finish = event.finish_reason
+                    chunk = (
+                        protocol.chat_chunk(
+                            rid, model, created, {"content": event.text} if event.text else {}, finish
                         )
+                        if chat
+                        else protocol.completion_chunk(rid, model, created, event.text, finish)
+                    )
+                    parts.append(data(chunk))
                 if event.is_last:
                     if include_usage:
                         use = protocol.usage(
                             event.prompt_tokens, event.completion_tokens, event.cached_tokens
                         )
-                        yield data(protocol.usage_chunk(rid, model, created, chat, use))
+                        parts.append(data(protocol.usage_chunk(rid, model, created, chat, use)))
                     break
+                if parts and not len(events):  # nothing more is ready: send before waiting
+                    yield "".join(parts)
+                    parts = []
                 try:
                     event = await self._next(events, target, self.ctx.settings.request_timeout_s)
                 except APIError as e:
-                    yield data(e.body())
+                    parts.append(data(e.body()))
                     break
+                except ClientGone:
+                    return
             done = event.is_last
             if done:
                 on_done(event)
-            yield "data: [DONE]\n\n"
+            parts.append("data: [DONE]\n\n")
+            yield "".join(parts)
         finally:
+            watcher.cancel()
             if done:
-                self.ctx.mux.unsubscribe(rid)
+                self._finish(rid)
             else:  # the client went away (or the stream failed): free the worker's sequence
                 await self._cancel(rid)
+
+
+def _client_closed() -> APIError:
+    return APIError(499, "The client closed the request.", code="client_closed_request")

@@ -1,9 +1,15 @@
 """One Redis reader for every open response stream of this gateway process.
 
 Thousands of concurrent streams cannot each hold a blocking `XREAD` connection, so a single task runs
-`XREAD BLOCK` over all subscribed `lg:out:{id}` keys at once and hands events to per-request queues.
+`XREAD BLOCK` over all subscribed `lg:out:{id}` keys at once and hands events to per-request channels.
 A new subscription must not wait for the current blocking read to time out (that would add up to the
-block time to TTFT), so `subscribe` wakes the reader with `CLIENT UNBLOCK` on its connection id.
+block time to TTFT), so `subscribe` wakes the reader with `CLIENT UNBLOCK` on its connection id, sent in
+the pipeline that enqueues the request (no round trip of its own). A stream is dropped from the read as
+soon as its last event arrives, so a gateway that serves one request at a time never needs an unblock.
+
+An `EventChannel` is what a request handler reads. It is on the TTFT and per-token path, so it is leaner
+than `asyncio.Queue` behind `asyncio.wait_for` (which wraps every wait in a new Task): an event that has
+already arrived is returned without suspending, and a wait costs one future and one timer.
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from collections import deque
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from loragate import keys
 from loragate.messages import OutputEvent
@@ -21,10 +28,58 @@ from loragate.messages import OutputEvent
 log = logging.getLogger("loragate.gateway")
 
 
-@dataclass
-class Subscription:
-    last_id: str
-    queue: asyncio.Queue[OutputEvent] = field(default_factory=asyncio.Queue)
+class ClientGone(Exception):
+    """The client of this channel's request disconnected."""
+
+
+class EventChannel:
+    """One request's output events, in order: the relay puts, the request's handler gets."""
+
+    __slots__ = ("_events", "_gone", "_waiter", "last_id")
+
+    def __init__(self, last_id: str = "0"):
+        self.last_id = last_id  # the stream entry id read last
+        self._events: deque[OutputEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._gone = False
+
+    def put(self, event: OutputEvent) -> None:
+        self._events.append(event)
+        self._wake()
+
+    def client_gone(self) -> None:
+        """Make the pending and every later `get` raise `ClientGone`."""
+        self._gone = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    async def get(self, timeout: float) -> OutputEvent:
+        """The next event; `TimeoutError` if none comes within `timeout` seconds."""
+        if not self._events and not self._gone:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(timeout, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        if self._gone:
+            raise ClientGone()
+        if not self._events:
+            raise TimeoutError()
+        return self._events.popleft()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class OutputMux:
@@ -32,7 +87,7 @@ class OutputMux:
         self._reader = aioredis.Redis.from_url(redis_url, single_connection_client=True)
         self._control = control
         self.block_ms, self.batch = block_ms, batch
-        self.subs: dict[str, Subscription] = {}
+        self.subs: dict[str, EventChannel] = {}
         self._wake = asyncio.Event()
         self._reader_id: int | None = None
         self._blocked = False
@@ -50,14 +105,21 @@ class OutputMux:
                 await self._task
         await self._reader.aclose()
 
-    async def subscribe(self, request_id: str, from_id: str = "0") -> asyncio.Queue[OutputEvent]:
-        sub = Subscription(from_id)
-        self.subs[keys.output(request_id)] = sub
+    async def subscribe(
+        self, request_id: str, from_id: str = "0", pipe: Pipeline | None = None
+    ) -> EventChannel:
+        """Relay `lg:out:{request_id}` from after `from_id`. With `pipe`, the reader's wake-up goes out
+        with that pipeline (queue the request on it after this call)."""
+        channel = EventChannel(from_id)
+        self.subs[keys.output(request_id)] = channel
         self._wake.set()
         if self._blocked and not self._unblocking and self._reader_id is not None:
             self._unblocking = True  # one unblock per pending read, however many streams open meanwhile
-            await self._control.execute_command("CLIENT", "UNBLOCK", self._reader_id)
-        return sub.queue
+            if pipe is not None:
+                pipe.execute_command("CLIENT", "UNBLOCK", self._reader_id)
+            else:
+                await self._control.execute_command("CLIENT", "UNBLOCK", self._reader_id)
+        return channel
 
     def unsubscribe(self, request_id: str) -> None:
         self.subs.pop(keys.output(request_id), None)
@@ -67,7 +129,7 @@ class OutputMux:
             if not self.subs:
                 self._wake.clear()
                 await self._wake.wait()
-            streams = {k: s.last_id for k, s in self.subs.items()}
+            streams = {k: c.last_id for k, c in self.subs.items()}
             self._blocked, self._unblocking = True, False
             try:
                 reply = await self._reader.xread(streams, count=self.batch, block=self.block_ms)
@@ -78,9 +140,14 @@ class OutputMux:
             finally:
                 self._blocked = False
             for key, entries in reply or []:
-                sub = self.subs.get(key.decode() if isinstance(key, bytes) else key)
-                if sub is None:
+                name = key.decode() if isinstance(key, bytes) else key
+                channel = self.subs.get(name)
+                if channel is None:
                     continue
                 for entry_id, fields in entries:
-                    sub.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                    sub.queue.put_nowait(OutputEvent.from_json(fields[b"e"]))
+                    channel.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    event = OutputEvent.from_json(fields[b"e"])
+                    channel.put(event)
+                    if event.is_last:  # nothing follows: stop reading the stream now
+                        self.subs.pop(name, None)
+                        break

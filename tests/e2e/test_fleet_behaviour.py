@@ -9,7 +9,11 @@ import signal
 import time
 
 import httpx
+import pytest
+import redis
 
+from loragate import keys
+from loragate.messages import OutputEvent
 from tests.e2e.stack import ADMIN_TOKEN, Stack
 
 KEY = {"Authorization": "Bearer sk-test-alice"}
@@ -29,16 +33,41 @@ def outstanding(url: str) -> int:
     return sum(w["queue_len"] for w in workers)
 
 
+def aborted_after(stack: Stack, request_id: str, timeout: float = 15.0) -> int:
+    """Wait for the request's last output event; it must be an abort: returns the tokens it had made."""
+    r = redis.Redis.from_url(stack.redis_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            entries = r.xrange(keys.output(request_id))
+            last = OutputEvent.from_json(entries[-1][1][b"e"]) if entries else None
+            if last is not None and last.is_last:
+                assert last.finish_reason == "abort"
+                return last.completion_tokens
+            time.sleep(0.1)
+    finally:
+        r.close()
+    raise AssertionError(f"request {request_id} did not end within {timeout} s")
+
+
 def test_client_disconnect_cancels_the_request_on_the_worker(stack: Stack) -> None:
     stack.wait_idle()
-    with httpx.stream("POST", f"{stack.url}/v1/completions", json=LONG, headers=KEY, timeout=60) as resp:
+    headers = {**KEY, "X-Request-Id": f"disconnect-stream-{time.time_ns()}"}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=LONG, headers=headers, timeout=60) as resp:
         lines = resp.iter_lines()
         seen = [line for _, line in zip(range(6), lines, strict=False)]
         assert any(line.startswith("data: ") for line in seen)
-    deadline = time.monotonic() + 10  # far less than 1500 tokens would take
-    while outstanding(stack.url) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert outstanding(stack.url) == 0
+    assert aborted_after(stack, headers["X-Request-Id"]) < LONG["max_tokens"]
+    stack.wait_idle()
+
+
+def test_a_non_streaming_client_that_gives_up_cancels_its_request(stack: Stack) -> None:
+    stack.wait_idle()
+    headers = {**KEY, "X-Request-Id": f"disconnect-whole-{time.time_ns()}"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{stack.url}/v1/completions", json={**LONG, "stream": False}, headers=headers, timeout=1)
+    assert aborted_after(stack, headers["X-Request-Id"]) < LONG["max_tokens"]
+    stack.wait_idle()
 
 
 def _stream(url: str) -> tuple[str | None, int]:
@@ -114,3 +143,21 @@ def test_a_policy_put_reaches_a_second_gateway_and_bounds_queues_with_429(stack:
         timeout=60,
     )
     assert ok.status_code == 200
+
+
+def test_ended_requests_free_admission_room_before_the_next_fleet_refresh(stack: Stack) -> None:
+    """Fair admission holds requests back only while workers are busy: with room for one outstanding
+    request per worker, back-to-back short requests never wait, because each one that ends is uncounted at
+    once (not only at the next fleet refresh, half a second later, which would stall every third one)."""
+    stack.wait_idle()
+    proc, url = stack.extra_gateway(fair_admission_per_worker=1)
+    try:
+        body = {"model": "tiny", "prompt": "for i in range(3):", "max_tokens": 2, "temperature": 0}
+        with httpx.Client(headers=KEY, timeout=60) as client:
+            for _ in range(12):
+                assert client.post(f"{url}/v1/completions", json=body).status_code == 200
+        stats = httpx.get(f"{url}/admin/policy/stats", headers=ADMIN).json()
+        assert stats["admission_waited"] == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
