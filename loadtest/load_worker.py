@@ -177,10 +177,13 @@ class LoadWorker:
         if not entries:
             return
         messages = [QueuedRequest.from_json(fields[b"m"]) for _, fields in entries]
+        # As the real worker: output can already exist only after a restart or a re-route.
+        resumable = [m for m in messages if pending or m.attempt > 0]
         pipe = self.redis.pipeline(transaction=False)
-        for msg in messages:
+        for msg in resumable:
             pipe.xrange(keys.output(msg.request_id))
-        histories = await pipe.execute()
+        found = dict(zip((m.request_id for m in resumable), await pipe.execute(), strict=True))
+        histories = [found.get(m.request_id, []) for m in messages]
         for (entry_id, _), msg, history in zip(entries, messages, histories, strict=True):
             await self._start(entry_id, msg, history)
         self._wake.set()
