@@ -51,7 +51,12 @@ class Plugin(ABC):
 
 
 class Filter(Plugin):
+    """Drops candidates that must not get the request. A *capacity* filter drops a worker that is busy
+    now and will take work again soon (the request may be retried: 429); any other drops a worker that
+    cannot serve the request (unhealthy, draining, wrong model: 503 when no worker is left)."""
+
     kind = "filter"
+    capacity: ClassVar[bool] = False
 
     @abstractmethod
     def keep(self, request: RouteRequest, candidate: Candidate) -> bool: ...
@@ -93,10 +98,11 @@ class Profile:
                 next(f.name for f in self.filters if not f.keep(request, c)) for c in candidates
             )
             dropped = ", ".join(f"{name}: {n}" for name, n in first_drop.most_common())
+            busy = any(f.capacity and first_drop[f.name] for f in self.filters)
             return RouteDecision(
                 decision_id,
                 self.name,
-                Outcome.FILTERED_OUT,
+                Outcome.FILTERED_OUT if busy else Outcome.NO_WORKER,
                 None,
                 f"all {len(candidates)} workers were filtered out ({dropped})",
                 candidates=tuple(c.worker_id for c in candidates),

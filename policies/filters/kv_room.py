@@ -22,6 +22,7 @@ from policies.types import Candidate, RouteRequest
 
 class KVRoom(Filter):
     type_name = "kv-room"
+    capacity = True
     parameter_names = frozenset({"headroom_tokens", "max_tokens_fraction"})
 
     def __init__(self, name: str, parameters: Mapping[str, Any] | None = None):

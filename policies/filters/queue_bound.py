@@ -19,6 +19,7 @@ from policies.types import Candidate, RouteRequest
 
 class QueueBound(Filter):
     type_name = "queue-bound"
+    capacity = True
     parameter_names = frozenset({"max_outstanding"})
 
     def __init__(self, name: str, parameters: Mapping[str, Any] | None = None):

@@ -88,6 +88,14 @@ def test_unknown_parameter_names_its_path() -> None:
     assert e.value.path == "parameters.max_outstandnig" and "max_outstanding" in e.value.message
 
 
+def test_workers_dropped_only_by_availability_filters_mean_no_worker_not_busy() -> None:
+    """All workers unable to serve (here: another model) is NO_WORKER (503), not FILTERED_OUT (429):
+    retrying soon would not help."""
+    d = profile().route(request(), [candidate("w1", model="small")], random.Random(0), "d")
+    assert (d.outcome, d.worker_id) == (Outcome.NO_WORKER, None)
+    assert d.reason == "all 1 workers were filtered out (serves-model: 1)"
+
+
 def test_filtered_out_reason_counts_the_filter_that_dropped_each_worker() -> None:
     cands = [candidate("w1", outstanding=9), candidate("w2", model="small"), candidate("w3", outstanding=5)]
     d = profile().route(request(), cands, random.Random(0), "d")
