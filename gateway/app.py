@@ -10,6 +10,7 @@ from opentelemetry.instrumentation.starlette import StarletteInstrumentor
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Tracer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,7 +24,7 @@ from gateway.auth import Authenticator
 from gateway.catalog import Catalog
 from gateway.context import GatewayContext
 from gateway.decisions import DecisionLog
-from gateway.errors import APIError
+from gateway.errors import APIError, queue_unavailable
 from gateway.fleet import Fleet
 from gateway.kv_events import KVEventFollower
 from gateway.metrics import GatewayMetrics
@@ -52,6 +53,11 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     return APIError(exc.status_code, str(exc.detail) or "Request failed.").response()
+
+
+async def _redis_error(request: Request, exc: Exception) -> Response:
+    log.warning("Redis error on %s: %s", request.url.path, exc)
+    return queue_unavailable().response()
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -173,7 +179,12 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+        exception_handlers={
+            APIError: _api_error,
+            HTTPException: _http_error,
+            RedisError: _redis_error,
+            Exception: _unexpected,
+        },
     )
     if provider is not None:
         StarletteInstrumentor.instrument_app(app, tracer_provider=provider)

@@ -41,5 +41,15 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+def queue_unavailable() -> APIError:
+    """Redis, which holds the request queues, cannot be reached (or does not answer in time)."""
+    return APIError(
+        503,
+        "The request queue is unavailable right now; please retry shortly.",
+        code="queue_unavailable",
+        headers={"Retry-After": "2"},
+    )
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)

@@ -15,6 +15,7 @@ import time
 import redis.asyncio as aioredis
 
 from loragate import keys
+from loragate.redis_url import connect_async_single
 from policies.events import KVEvent
 from policies.prefix_index import PrefixIndex
 
@@ -23,7 +24,7 @@ log = logging.getLogger("loragate.gateway")
 
 class KVEventFollower:
     def __init__(self, redis_url: str, index: PrefixIndex, discover_s: float = 2.0):
-        self.redis = aioredis.Redis.from_url(redis_url)
+        self.redis: aioredis.Redis = connect_async_single(redis_url)
         self.index, self.discover_s = index, discover_s
         self.last_ids: dict[str, str] = {}
         self.applied = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from opentelemetry.trace import get_current_span
+from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
@@ -26,7 +28,7 @@ from starlette.types import Receive
 from gateway import protocol
 from gateway.catalog import AUTO, Target
 from gateway.context import GatewayContext, read_json
-from gateway.errors import APIError, bad_request
+from gateway.errors import APIError, bad_request, queue_unavailable
 from gateway.relay import ClientGone, EventChannel
 from gateway.routing import AliasChoice, decision_attributes, route_request
 from gateway.sse import EventStreamResponse
@@ -35,6 +37,7 @@ from loragate.hashing import block_hashes
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.tracing import inject, span
 
+log = logging.getLogger("loragate.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 _LIVENESS_S = 5.0
 
@@ -52,7 +55,11 @@ class OpenAIRoutes:
 
     async def _counted(self, request: Request, chat: bool) -> Response:
         try:
-            return await self._generate(request, chat)
+            try:
+                return await self._generate(request, chat)
+            except (RedisError, TimeoutError) as e:  # Redis down, or slower than redis_timeout_s
+                log.warning("request failed on Redis: %r", e)
+                raise queue_unavailable() from e
         except APIError as e:
             self.ctx.metrics.failed("unknown", None, e.status)
             raise
@@ -83,8 +90,10 @@ class OpenAIRoutes:
         started = time.monotonic()
         timing: dict[str, float] = {}
         server_span = get_current_span()
+        redis_timeout = ctx.settings.redis_timeout_s
         with span(ctx.tracer, "auth"):
-            tenant = await ctx.auth.tenant(request)
+            async with asyncio.timeout(redis_timeout):
+                tenant = await ctx.auth.tenant(request)
         body = await read_json(request, ctx.settings.max_body_bytes)
         parsed = protocol.parse_common(body, chat)
         server_span.set_attributes(
@@ -96,7 +105,8 @@ class OpenAIRoutes:
             }
         )
         messages = protocol.chat_messages(body) if chat else []
-        target, alias = await self._target(parsed, tenant, body, messages)
+        async with asyncio.timeout(redis_timeout):
+            target, alias = await self._target(parsed, tenant, body, messages)
         serving = ctx.fleet.serving(target.base)
         if not serving:
             raise APIError(
@@ -113,8 +123,7 @@ class OpenAIRoutes:
                 text = tok.render_chat(messages)
                 prompt = tok.encode(text)
             else:
-                vocab = tok.tokenizer.get_vocab_size(with_added_tokens=True)
-                text, ids = protocol.completion_prompt(body, vocab)
+                text, ids = protocol.completion_prompt(body, tok.vocab_size)
                 prompt = ids if ids is not None else tok.encode(text or "")
             tokenize_span.set_attribute("gen_ai.usage.input_tokens", len(prompt))
         if not prompt:
@@ -142,7 +151,8 @@ class OpenAIRoutes:
         headers = {"x-request-id": rid}
         routed_to: str | None = None
         done: Callable[[OutputEvent], None] = lambda event: None  # noqa: E731
-        retry = "x-request-id" in request.headers and await ctx.redis.exists(keys.output(rid))
+        async with asyncio.timeout(redis_timeout):
+            retry = "x-request-id" in request.headers and await ctx.redis.exists(keys.output(rid))
         if not retry:
             charged = await ctx.admission.admit(tenant, target.base, len(prompt), max_tokens)
             # The same chained, adapter-keyed hashes the worker's prefix cache uses.
@@ -166,7 +176,8 @@ class OpenAIRoutes:
                     ctx.admission.settle(tenant, target.base, charged, 0, 0)
                     route_span.set_attribute("loragate.route.error", e.message)
                     raise
-                route_span.set_attributes(decision_attributes(decision))
+                if route_span.is_recording():
+                    route_span.set_attributes(decision_attributes(decision))
             assert decision.worker_id is not None
             routed_to = self._routed_to = decision.worker_id
             headers["x-loragate-decision"] = decision.decision_id
@@ -189,7 +200,8 @@ class OpenAIRoutes:
                 events = await ctx.mux.subscribe(rid, pipe=pipe)
                 pipe.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
                 ctx.decisions.record(decision, rid, pipe)
-                await pipe.execute()
+                async with asyncio.timeout(redis_timeout):
+                    await pipe.execute()
 
             def done(event: OutputEvent) -> None:
                 now = time.monotonic()
@@ -313,8 +325,14 @@ class OpenAIRoutes:
             self._routed_to = None
 
     async def _cancel(self, rid: str) -> None:
+        """Stop relaying, and tell the workers to drop the request (best effort: when Redis cannot take
+        the message, the worker finishes the request and its output expires unread)."""
         self._finish(rid)
-        await self.ctx.redis.publish(keys.CANCEL, rid)
+        try:
+            async with asyncio.timeout(self.ctx.settings.redis_timeout_s):
+                await self.ctx.redis.publish(keys.CANCEL, rid)
+        except (RedisError, TimeoutError) as e:
+            log.warning("could not cancel %s: %r", rid, e)
 
     async def _collect(
         self,

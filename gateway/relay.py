@@ -24,6 +24,7 @@ from redis.asyncio.client import Pipeline
 
 from loragate import keys
 from loragate.messages import OutputEvent
+from loragate.redis_url import connect_async_single
 
 log = logging.getLogger("loragate.gateway")
 
@@ -84,7 +85,7 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 class OutputMux:
     def __init__(self, redis_url: str, control: aioredis.Redis, block_ms: int = 1000, batch: int = 256):
-        self._reader = aioredis.Redis.from_url(redis_url, single_connection_client=True)
+        self._reader = connect_async_single(redis_url)
         self._control = control
         self.block_ms, self.batch = block_ms, batch
         self.subs: dict[str, EventChannel] = {}

@@ -5,6 +5,7 @@ admin_token: change-me            # or $LORAGATE_ADMIN_TOKEN
 api_keys: {sk-dev-123: dev}       # API key -> tenant (more can be added at runtime via /admin/keys)
 adapter_roots: [/models/adapters] # registered adapter paths must lie under one of these
 request_timeout_s: 600
+redis_timeout_s: 5                # a request that waits longer for Redis gets a 503
 fair_admission_per_worker: 48     # beyond this many outstanding per worker, tenants queue fairly
 # Per-worker queue bounds (429) and routing live in the routing policy (GET/PUT /admin/policy).
 ```
@@ -29,6 +30,7 @@ class GatewaySettings:
     adapter_roots: tuple[Path, ...] = ()
     request_timeout_s: float = 600.0
     first_event_timeout_s: float = 300.0
+    redis_timeout_s: float = 5.0  # longest wait for Redis on a request's path; then 503
     max_body_bytes: int = 4 * 1024 * 1024
     fair_admission_per_worker: int = 48  # outstanding requests per worker before fair queueing starts
     fair_admission_max_wait_s: float = 30.0

@@ -30,6 +30,7 @@ class ModelTokenizer:
     tokenizer: Tokenizer
     chat_template: Any  # a compiled jinja2 Template, or None
     special: dict[str, str]
+    vocab_size: int  # including added tokens: token ids in a prompt must be below it
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -68,7 +69,8 @@ def load_tokenizer(model_dir: Path) -> ModelTokenizer:
         for name in ("bos_token", "eos_token", "pad_token", "unk_token")
         if isinstance(value := config.get(name), str | dict)
     }
-    return ModelTokenizer(tok, env.from_string(source) if source else None, special)
+    template = env.from_string(source) if source else None
+    return ModelTokenizer(tok, template, special, tok.get_vocab_size(with_added_tokens=True))
 
 
 class TokenizerStore:
