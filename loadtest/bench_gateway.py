@@ -46,7 +46,7 @@ import httpx
 import torch
 
 from loadtest.gateway_streams import open_streams, port_of
-from loadtest.gateway_ttft import STAGES, measure_floor, measure_stages, measure_ttft, prompts
+from loadtest.gateway_ttft import STAGES, TTFTRun, measure_floor, measure_stages, measure_ttft, prompts
 from loadtest.procs import (
     CPUMeter,
     Processes,
@@ -175,43 +175,20 @@ def ttft_phase(
     texts = prompts(args.requests + 10)
     measure_ttft(base, key, MODEL, engine, texts[:10], args.ttft_tokens, "warm-up")
     run = measure_ttft(base, key, MODEL, engine, texts[10:], args.ttft_tokens, "TTFT: gateway vs engine")
-    paired = [g - e for g, e in zip(run.gateway_s, run.engine_s, strict=True)]
+    cold = measure_ttft(
+        base, key, MODEL, engine, texts[10:], args.ttft_tokens, "TTFT, cold caches", warm=False
+    )
     out: dict[str, Any] = {
         "ttft_requests": len(run.gateway_s),
         "ttft_max_tokens": args.ttft_tokens,
-        "gateway_ttft_p50_ms": ms(pct(run.gateway_s, 50)),
-        "gateway_ttft_p99_ms": ms(pct(run.gateway_s, 99)),
-        "engine_ttft_p50_ms": ms(pct(run.engine_s, 50)),
-        "engine_ttft_p99_ms": ms(pct(run.engine_s, 99)),
         "ttft_client": "raw-socket HTTP/1.1, keep-alive (loadtest.sse_client)",
-        "added_ttft_p50_ms": ms(pct(run.gateway_s, 50) - pct(run.engine_s, 50)),
-        "added_ttft_p99_ms": ms(pct(run.gateway_s, 99) - pct(run.engine_s, 99)),
-        "added_ttft_paired_p50_ms": ms(pct(paired, 50)),
-        "gateway_ttft_httpx_p50_ms": ms(pct(run.httpx_s, 50)),
-        "gateway_ttft_httpx_p99_ms": ms(pct(run.httpx_s, 99)),
-        "added_ttft_httpx_p50_ms": ms(pct(run.httpx_s, 50) - pct(run.engine_s, 50)),
-        "added_ttft_httpx_p99_ms": ms(pct(run.httpx_s, 99) - pct(run.engine_s, 99)),
-        "ttft_outputs_match": run.mismatches == 0,
+        **ttft_figures(run, ""),
+        **ttft_figures(cold, "_cold"),
+        "ttft_outputs_match": run.mismatches == 0 and cold.mismatches == 0,
     }
     rows += [
-        (
-            "TTFT p50 / p99, gateway (raw-socket client)",
-            f"{out['gateway_ttft_p50_ms']:.2f} / {out['gateway_ttft_p99_ms']:.2f} ms",
-        ),
-        (
-            "TTFT p50 / p99, in-process engine",
-            f"{out['engine_ttft_p50_ms']:.2f} / {out['engine_ttft_p99_ms']:.2f} ms",
-        ),
-        ("added TTFT p50 / p99", f"{out['added_ttft_p50_ms']:.2f} / {out['added_ttft_p99_ms']:.2f} ms"),
-        ("added TTFT, median of pairs", f"{out['added_ttft_paired_p50_ms']:.2f} ms"),
-        (
-            "TTFT p50 / p99, gateway via httpx",
-            f"{out['gateway_ttft_httpx_p50_ms']:.2f} / {out['gateway_ttft_httpx_p99_ms']:.2f} ms",
-        ),
-        (
-            "added TTFT p50 / p99 via httpx",
-            f"{out['added_ttft_httpx_p50_ms']:.2f} / {out['added_ttft_httpx_p99_ms']:.2f} ms",
-        ),
+        *ttft_rows(out, "", "TTFT p50 / p99, warm"),
+        *ttft_rows(out, "_cold", "TTFT p50 / p99, cold"),
         ("same text every way", str(out["ttft_outputs_match"])),
     ]
     if args.stage_requests > 0:
@@ -222,6 +199,37 @@ def ttft_phase(
         rows += [(f"p50 {text}", f"{split[k]:.3f} ms") for k, text in STAGES]
     procs.stop("gateway-ttft", "worker")
     return out
+
+
+def ttft_figures(run: TTFTRun, suffix: str) -> dict[str, Any]:
+    """`{path}{suffix}_p50_ms` and `_p99_ms` for each path and difference (raw client unless `httpx`)."""
+    paired = [g - e for g, e in zip(run.gateway_s, run.engine_s, strict=True)]
+    out: dict[str, Any] = {}
+    for q in (50, 99):
+        gateway, engine, via_httpx = pct(run.gateway_s, q), pct(run.engine_s, q), pct(run.httpx_s, q)
+        out |= {
+            f"gateway_ttft{suffix}_p{q}_ms": ms(gateway),
+            f"engine_ttft{suffix}_p{q}_ms": ms(engine),
+            f"added_ttft{suffix}_p{q}_ms": ms(gateway - engine),
+            f"gateway_ttft_httpx{suffix}_p{q}_ms": ms(via_httpx),
+            f"added_ttft_httpx{suffix}_p{q}_ms": ms(via_httpx - engine),
+        }
+    out[f"added_ttft_paired{suffix}_p50_ms"] = ms(pct(paired, 50))
+    return out
+
+
+def ttft_rows(out: dict[str, Any], suffix: str, title: str) -> Rows:
+    def pair(name: str) -> str:
+        return f"{out[f'{name}{suffix}_p50_ms']:.2f} / {out[f'{name}{suffix}_p99_ms']:.2f} ms"
+
+    paired = out[f"added_ttft_paired{suffix}_p50_ms"]
+    return [
+        (f"{title}: gateway", pair("gateway_ttft")),
+        (f"{title}: in-process engine", pair("engine_ttft")),
+        (f"{title}: added", pair("added_ttft") + f" (median of pairs {paired:.2f})"),
+        (f"{title}: gateway via httpx", pair("gateway_ttft_httpx")),
+        (f"{title}: added via httpx", pair("added_ttft_httpx")),
+    ]
 
 
 def streams_phase(

@@ -117,28 +117,47 @@ class TTFTRun:
 
 
 def measure_ttft(
-    base: str, key: str, model: str, engine: LLMEngine, texts: list[str], max_tokens: int, label: str
+    base: str,
+    key: str,
+    model: str,
+    engine: LLMEngine,
+    texts: list[str],
+    max_tokens: int,
+    label: str,
+    warm: bool = True,
 ) -> TTFTRun:
+    """Each text through every path, the order rotating. With `warm`, each path first serves another
+    prompt, unmeasured, so the measured request meets warm caches on every path, as under steady
+    traffic; without, each path runs right after the others have evicted its code and weights from the
+    CPU caches (on a 2-core machine the gateway, Redis, the worker and this process share them)."""
     tok = load_tokenizer(engine.model_dir)
     run = TTFTRun()
     headers = {"Authorization": f"Bearer {key}"}
     host, port = base.removeprefix("http://").rsplit(":", 1)
     with SSEClient(host, int(port), headers) as raw, httpx.Client(headers=headers, timeout=60) as client:
         for i, text in enumerate(tqdm(texts, desc=label, unit="req", file=sys.stderr)):
-            ids = tok.encode(text)
-            paths: list[tuple[list[float], Callable[[], tuple[float, str]]]] = [
-                (run.engine_s, partial(engine_request, engine, f"{label}-{i}", ids, max_tokens)),
-                (run.gateway_s, partial(raw_request, raw, model, text, max_tokens)),
-                (run.httpx_s, partial(httpx_request, client, base, model, text, max_tokens)),
+            aside = f"Aside {i}: {TOPICS[(i + 3) % len(TOPICS)]}, briefly."
+            order = [
+                (run.engine_s, partial(_engine_path, engine, tok.encode, f"{label}-{i}", max_tokens)),
+                (run.gateway_s, partial(raw_request, raw, model, max_tokens=max_tokens)),
+                (run.httpx_s, partial(httpx_request, client, base, model, max_tokens=max_tokens)),
             ]
-            shift = i % len(paths)  # rotate which path goes first
+            shift = i % len(order)  # rotate which path goes first
             texts_out = set()
-            for times, call in paths[shift:] + paths[:shift]:
-                seconds, out = call()
+            for times, call in order[shift:] + order[:shift]:
+                if warm:
+                    call(prompt=aside)
+                seconds, out = call(prompt=text)
                 times.append(seconds)
                 texts_out.add(out)
             run.mismatches += len(texts_out) != 1
     return run
+
+
+def _engine_path(
+    engine: LLMEngine, encode: Callable[[str], list[int]], rid: str, max_tokens: int, prompt: str
+) -> tuple[float, str]:
+    return engine_request(engine, f"{rid}-{secrets.token_hex(3)}", encode(prompt), max_tokens)
 
 
 # Stages of one gateway request, between Redis MONITOR timestamps of its commands and the client's clock.
