@@ -71,9 +71,8 @@ class DecisionLog:
                 self.metrics.adapter_tier.labels(tier=decision.adapter_tier.value).inc()
 
     def record(self, decision: RouteDecision, request_id: str, pipe: Pipeline) -> None:
-        """Count the decision, and store it for `/admin/decisions/{id}` with the request's enqueue
-        (`pipe`), so that costs no round trip of its own."""
-        self.count(decision)
+        """Store the decision for `/admin/decisions/{id}` with the request's enqueue (`pipe`), so that
+        costs no round trip of its own. (Count it with `count` once the request is on its way.)"""
         pipe.set(keys.decision(decision.decision_id), decision_json(decision, request_id), ex=DECISION_TTL_S)
 
     def finished(self, decision: RouteDecision, actual_cached_tokens: int) -> None:

@@ -96,14 +96,16 @@ class OpenAIRoutes:
                 tenant = await ctx.auth.tenant(request)
         body = await read_json(request, ctx.settings.max_body_bytes)
         parsed = protocol.parse_common(body, chat)
-        server_span.set_attributes(
-            {
-                "gen_ai.operation.name": "chat" if chat else "text_completion",
-                "gen_ai.provider.name": "loragate",
-                "loragate.tenant": tenant,
-                "gen_ai.request.model": str(parsed.model),
-            }
-        )
+        tracing = server_span.is_recording()
+        if tracing:
+            server_span.set_attributes(
+                {
+                    "gen_ai.operation.name": "chat" if chat else "text_completion",
+                    "gen_ai.provider.name": "loragate",
+                    "loragate.tenant": tenant,
+                    "gen_ai.request.model": str(parsed.model),
+                }
+            )
         messages = protocol.chat_messages(body) if chat else []
         async with asyncio.timeout(redis_timeout):
             target, alias = await self._target(parsed, tenant, body, messages)
@@ -139,13 +141,14 @@ class OpenAIRoutes:
                 code="context_length_exceeded",
             )
         params = protocol.sampling_params(parsed, max_tokens)
-        server_span.set_attributes(
-            {
-                "gen_ai.request.max_tokens": max_tokens,
-                "gen_ai.request.temperature": params.temperature,
-                "gen_ai.request.top_p": params.top_p,
-            }
-        )
+        if tracing:
+            server_span.set_attributes(
+                {
+                    "gen_ai.request.max_tokens": max_tokens,
+                    "gen_ai.request.temperature": params.temperature,
+                    "gen_ai.request.top_p": params.top_p,
+                }
+            )
         rid = self._request_id(request, chat)
         adapter_key = target.adapter.key if target.adapter else None
         headers = {"x-request-id": rid}
@@ -202,6 +205,7 @@ class OpenAIRoutes:
                 ctx.decisions.record(decision, rid, pipe)
                 async with asyncio.timeout(redis_timeout):
                     await pipe.execute()
+            ctx.decisions.count(decision)
 
             def done(event: OutputEvent) -> None:
                 now = time.monotonic()

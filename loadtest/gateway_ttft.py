@@ -124,12 +124,16 @@ def measure_ttft(
     texts: list[str],
     max_tokens: int,
     label: str,
-    warm: bool = True,
+    warm: bool = False,
 ) -> TTFTRun:
-    """Each text through every path, the order rotating. With `warm`, each path first serves another
-    prompt, unmeasured, so the measured request meets warm caches on every path, as under steady
-    traffic; without, each path runs right after the others have evicted its code and weights from the
-    CPU caches (on a 2-core machine the gateway, Redis, the worker and this process share them)."""
+    """Each text through every path, the order rotating, so each path runs right after the others (which
+    evict its code and weights from the CPU caches: on a 2-core machine the gateway, Redis, the worker and
+    this process share them) and every path meets the same conditions.
+
+    With `warm`, each path first serves another prompt, unmeasured, right before the measured one. That
+    favours the in-process engine: it then runs back to back, while the worker has idled during the
+    request's trip through the gateway (an idle gap alone slows this machine's next engine step: about
+    0.25 ms after 2 ms idle), so it is reported as a second view only."""
     tok = load_tokenizer(engine.model_dir)
     run = TTFTRun()
     headers = {"Authorization": f"Bearer {key}"}

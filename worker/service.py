@@ -1,13 +1,13 @@
 """The worker service: drives the engine step by step and talks only to Redis.
 
 Loop: heartbeat (≈1 s) → cancellations → when idle, a blocking `XREADGROUP` on `lg:q:{worker}` → one
-engine step → one pipeline, one round trip, with all of the step's Redis I/O: each request's output event
-on `lg:out:{id}`, the `XACK` of requests whose last event that was (never before it), the step's KV events,
-and a non-blocking read of newly queued requests (only as many as the engine can start soon, so the rest
-wait in Redis where they can be re-routed). On start it first re-reads its own pending entries (a
-restart), resuming after any tokens that were already streamed. SIGTERM drains: the heartbeat says
-`draining`, no new admissions, running requests finish, then the heartbeat is removed so gateways
-re-route whatever is still queued.
+engine step → one pipeline, one round trip, with all of the step's Redis I/O: each request's output
+event on `lg:out:{id}`, the `XACK` of requests whose last event that was (never before it), the previous
+step's KV events, and a non-blocking read of newly queued requests (only as many as the engine can
+start soon, so the rest wait in Redis where they can be re-routed). On start it first re-reads its own
+pending entries (a restart), resuming after any tokens that were already streamed. SIGTERM drains: the
+heartbeat says `draining`, no new admissions, running requests finish, then the heartbeat is removed so
+gateways re-route whatever is still queued.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class WorkerService:
         self._last_beat = 0.0
         self._tokens_window: list[tuple[float, int]] = []
         self._adapter_tiers: dict[str, str] = {}
+        self._deferred_events: list[KVEvent] = []  # the last step's, sent with the next step's outputs
         self._pubsub = r.pubsub(ignore_subscribe_messages=True)
         self._create_group()
 
@@ -93,10 +94,13 @@ class WorkerService:
             self.heartbeat()
             self._poll_cancels()
             if not self.engine.has_unfinished():
+                self._emit(self._deferred_events)
+                self._deferred_events = []
                 if not self.draining.is_set():  # idle: wait in Redis for work, then step at once
                     self._admit(pending=False, block_ms=100)
                 continue
             self._flush(self.engine.step())
+        self._emit(self._deferred_events)
         self.redis.delete(keys.worker_state(self.worker_id))
         self._pubsub.close()
         self.stopped.set()
@@ -185,14 +189,17 @@ class WorkerService:
     def _flush(self, outputs: list[RequestOutput]) -> None:
         """All of a step's Redis I/O in one round trip (one pipeline, executed in order): each request's
         output event, then the acks of finished requests (so a request is acknowledged only after its last
-        event is written), then the step's KV events, then a non-blocking read of newly queued requests,
-        which join the batch at the next step."""
+        event is written), then the previous step's KV events, then a non-blocking read of newly queued
+        requests, which join the batch at the next step."""
         pipe = self.redis.pipeline(transaction=False)
         finished = self._add_outputs(pipe, outputs)
         for rid in finished:
             pipe.xack(self.queue, keys.WORKER_GROUP, self.active[rid].entry_id)
             pipe.xdel(self.queue, self.active[rid].entry_id)
-        self._add_events(pipe, self._kv_events())
+        # A step's KV events go out with the next step's outputs (or when the engine idles), so the
+        # first token of a new request does not share its write, and the routers' reads, with them.
+        self._add_events(pipe, self._deferred_events)
+        self._deferred_events = self._kv_events()
         polling = not self.draining.is_set() and self._room() > 0
         if polling:
             pipe.xreadgroup(
