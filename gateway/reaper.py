@@ -24,6 +24,13 @@ from loragate.messages import QueuedRequest, streamed_so_far
 
 log = logging.getLogger("loragate.gateway")
 
+_DELETE_IF_ABANDONED = """
+if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('XLEN', KEYS[1]) == 0 then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
 
 def least_loaded(fleet: Fleet, base: str) -> WorkerView | None:
     """Re-routed work was already admitted, so no queue bound applies: the least-loaded live worker."""
@@ -85,8 +92,11 @@ class Reaper:
                 continue
             if await self._reroute(queue, entry_id, QueuedRequest.from_json(fields[b"m"])):
                 moved += 1
-        if not entries and await self.redis.xlen(queue) == 0:
-            await self.redis.delete(queue)
+        if not entries:
+            # Atomically: only while the queue is empty and its worker still has no heartbeat (a starting
+            # worker beats before it makes its queue).
+            state = keys.worker_state(keys.worker_id_of_queue(queue))
+            await self.redis.eval(_DELETE_IF_ABANDONED, 2, queue, state)
         return moved
 
     async def _reroute(self, queue: str, entry_id: bytes, msg: QueuedRequest) -> bool:

@@ -75,9 +75,10 @@ class WorkerService:
         self._adapter_tiers: dict[str, str] = {}
         self._deferred_events: list[KVEvent] = []  # the last step's, sent with the next step's outputs
         self._pubsub = r.pubsub(ignore_subscribe_messages=True)
-        self._create_group()
 
     def _create_group(self) -> None:
+        """The queue and its consumer group. Made after the first heartbeat: a gateway's reaper deletes an
+        empty queue whose worker has no heartbeat, and must not take ours for a dead worker's."""
         try:
             self.redis.xgroup_create(self.queue, keys.WORKER_GROUP, id="0", mkstream=True)
         except redis.ResponseError as e:
@@ -89,6 +90,7 @@ class WorkerService:
         self._pubsub.subscribe(keys.CANCEL)
         self._emit([KVEvent(EventType.CLEARED, ts=time.time())])  # routers forget what we held before
         self.heartbeat(force=True)
+        self._create_group()
         self._admit(pending=True)
         while not (self.draining.is_set() and not self.engine.has_unfinished()):
             self.heartbeat()
@@ -117,14 +119,25 @@ class WorkerService:
         if self._room() <= 0:
             return
         block = block_ms if block_ms > 0 and not pending else None  # BLOCK 0 would wait forever
-        reply = self.redis.xreadgroup(
-            keys.WORKER_GROUP,
-            self.worker_id,
-            {self.queue: "0" if pending else ">"},
-            count=None if pending else self._room(),
-            block=block,
-        )
+        try:
+            reply = self.redis.xreadgroup(
+                keys.WORKER_GROUP,
+                self.worker_id,
+                {self.queue: "0" if pending else ">"},
+                count=None if pending else self._room(),
+                block=block,
+            )
+        except redis.ResponseError as e:
+            self._regroup(e)
+            return
         self._start_entries(reply, pending)
+
+    def _regroup(self, error: redis.ResponseError) -> None:
+        """The queue or its group vanished (deleted by hand, or Redis restarted empty): make them again."""
+        if "NOGROUP" not in str(error):
+            raise error
+        log.warning("queue %s had no consumer group; recreating it", self.queue)
+        self._create_group()
 
     def _start_entries(self, reply: Any, pending: bool) -> None:
         for _, entries in reply or []:
@@ -205,14 +218,20 @@ class WorkerService:
             pipe.xreadgroup(
                 keys.WORKER_GROUP, self.worker_id, {self.queue: ">"}, count=self._room(), block=None
             )
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[:-1] if polling else replies:
+            if isinstance(reply, Exception):
+                raise reply
         for rid, reason in finished.items():
             done = self.active.pop(rid)
             if self.tracer is not None and done.timeline is not None:
                 emit_spans(self.tracer, done.timeline, self.worker_id, reason)
         self._tokens_window.append((time.monotonic(), sum(len(o.new_token_ids) for o in outputs)))
         if polling:
-            self._start_entries(replies[-1], pending=False)
+            if isinstance(replies[-1], redis.ResponseError):
+                self._regroup(replies[-1])
+            else:
+                self._start_entries(replies[-1], pending=False)
 
     def _add_outputs(self, pipe: Pipeline, outputs: list[RequestOutput]) -> dict[str, str | None]:
         """Queue each output's event on `pipe`; returns the finished requests and their finish reasons."""

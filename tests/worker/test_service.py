@@ -141,3 +141,22 @@ def test_restart_resumes_after_tokens_already_streamed(zoo: ZooPaths, client: re
     assert events[-1].completion_tokens == 12
     service.drain()
     thread.join(10)
+
+
+def test_a_queue_that_vanished_is_made_again_and_serves(zoo: ZooPaths, client: redis.Redis) -> None:
+    """Someone deletes the queue stream (its consumer group with it): the worker recreates both instead of
+    dying on NOGROUP, and the next request is served."""
+    service, thread = start(zoo, client)
+    first = QueuedRequest("v1", "tiny", prompt(1), SamplingParams(max_tokens=3, ignore_eos=True))
+    enqueue(client, first)
+    assert collect(client, "v1")[-1].finish_reason == "length"
+    client.delete(keys.queue("w1"))
+    deadline = time.monotonic() + 10
+    while not client.exists(keys.queue("w1")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert thread.is_alive()
+    enqueue(client, QueuedRequest("v2", "tiny", prompt(2), SamplingParams(max_tokens=3, ignore_eos=True)))
+    assert collect(client, "v2")[-1].finish_reason == "length"
+    service.drain()
+    thread.join(10)
+    assert not thread.is_alive()
