@@ -123,10 +123,10 @@ class LoadWorker:
     # -- the loop ---------------------------------------------------------------------------------
     async def run(self) -> None:
         """Serve until `drain()`; then finish the running sequences and remove the heartbeat."""
-        await self._create_group()
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(keys.CANCEL)
         await self.heartbeat()
+        await self._create_group()  # after the first beat, as the real worker (see gateway.reaper)
         helpers = [
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._cancel_loop(pubsub)),
