@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import secrets
@@ -173,6 +174,8 @@ def ttft_phase(
     procs.spawn("worker", ["-m", "loragate.cli", "worker", *worker], {"OMP_NUM_THREADS": str(args.threads)})
     base, _ = start_gateway(procs, work, "gateway-ttft", key, {})
     engine = LLMEngine(model_dir, EngineConfig())  # what `loragate worker` builds with its default flags
+    gc.collect()
+    gc.freeze()  # as `loragate worker` does once its engine is built: no full GC pauses on either path
     wait_healthy(base, MODEL, procs)
     texts = prompts(args.requests + 10)
     measure_ttft(base, key, MODEL, engine, texts[:10], args.ttft_tokens, "warm-up")
