@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -31,8 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = GatewaySettings.load(
         resolve(args.redis), Path(args.config) if args.config else None, admin_token=args.admin_token
     )
+    app = create_app(settings)
+    # What the imports built lives as long as the process: out of the cyclic GC's sight, a full collection
+    # no longer rescans ~60k objects (a 17 ms pause) every few dozen requests.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
-        create_app(settings),
+        app,
         host=args.host,
         port=args.port,
         log_level="warning",
