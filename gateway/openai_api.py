@@ -203,8 +203,14 @@ class OpenAIRoutes:
                 events = await ctx.mux.subscribe(rid, pipe=pipe)
                 pipe.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
                 ctx.decisions.record(decision, rid, pipe)
-                async with asyncio.timeout(redis_timeout):
-                    await pipe.execute()
+                try:
+                    async with asyncio.timeout(redis_timeout):
+                        await pipe.execute()
+                except BaseException:  # not queued (Redis failed): undo what routing counted
+                    ctx.router.prefill_done(decision.worker_id, len(prompt))
+                    ctx.admission.settle(tenant, target.base, charged, 0, 0)
+                    self._finish(rid)
+                    raise
             ctx.decisions.count(decision)
 
             def done(event: OutputEvent) -> None:
