@@ -117,17 +117,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("loragate up: a process exited; stopping the stack", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            print("\nstopping…", file=sys.stderr)
+            print("\nstopping… (Ctrl-C again to kill at once)", file=sys.stderr, flush=True)
             return 0
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
+    """SIGTERM every child and wait while they drain; a second Ctrl-C (or the grace running out) kills
+    what is left at once, so no child outlives `loragate up`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    try:
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    except KeyboardInterrupt:
+        print("killing…", file=sys.stderr, flush=True)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the embedded Redis shut down cleanly
 
 
 if __name__ == "__main__":
