@@ -204,7 +204,7 @@ class WorkerService:
         output event, then the acks of finished requests (so a request is acknowledged only after its last
         event is written), then the previous step's KV events, then a non-blocking read of newly queued
         requests, which join the batch at the next step."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=True)  # MULTI: an output refused (e.g. OOM) aborts its ack too
         finished = self._add_outputs(pipe, outputs)
         for rid in finished:
             pipe.xack(self.queue, keys.WORKER_GROUP, self.active[rid].entry_id)
