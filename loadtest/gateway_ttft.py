@@ -137,8 +137,7 @@ def measure_ttft(
     tok = load_tokenizer(engine.model_dir)
     run = TTFTRun()
     headers = {"Authorization": f"Bearer {key}"}
-    host, port = base.removeprefix("http://").rsplit(":", 1)
-    with SSEClient(host, int(port), headers) as raw, httpx.Client(headers=headers, timeout=60) as client:
+    with SSEClient.for_url(base, headers) as raw, httpx.Client(headers=headers, timeout=60) as client:
         for i, text in enumerate(tqdm(texts, desc=label, unit="req", file=sys.stderr)):
             aside = f"Aside {i}: {TOPICS[(i + 3) % len(TOPICS)]}, briefly."
             order = [
@@ -201,8 +200,7 @@ def measure_stages(base: str, key: str, url: str, model: str, texts: list[str], 
     ready.wait(10)
     time.sleep(0.2)
     client_times: list[tuple[str, float, float]] = []
-    host, port = base.removeprefix("http://").rsplit(":", 1)
-    with SSEClient(host, int(port), {"Authorization": f"Bearer {key}"}) as raw:
+    with SSEClient.for_url(base, {"Authorization": f"Bearer {key}"}) as raw:
         for i, text in enumerate(tqdm(texts, desc="stage split (MONITOR)", unit="req", file=sys.stderr)):
             rid = f"cmpl-stage-{i:04d}-{secrets.token_hex(4)}"
             sent = time.time()
@@ -234,8 +232,7 @@ def measure_stages(base: str, key: str, url: str, model: str, texts: list[str], 
 def measure_floor(base: str, key: str, model: str, n: int) -> list[float]:
     """TTFT through the gateway to a load worker (first token at once, no model): the path's own cost."""
     times: list[float] = []
-    host, port = base.removeprefix("http://").rsplit(":", 1)
-    with SSEClient(host, int(port), {"Authorization": f"Bearer {key}"}) as raw:
+    with SSEClient.for_url(base, {"Authorization": f"Bearer {key}"}) as raw:
         texts = prompts(n + 10)
         for i, text in enumerate(
             tqdm(texts, desc="TTFT: gateway + load worker", unit="req", file=sys.stderr)

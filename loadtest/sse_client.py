@@ -36,6 +36,12 @@ class SSEClient:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
 
+    @classmethod
+    def for_url(cls, base: str, headers: dict[str, str] | None = None) -> SSEClient:
+        """A client for `http://host:port`."""
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        return cls(host, int(port), headers)
+
     def close(self) -> None:
         self.sock.close()
 
