@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from types import FrameType
 
 import redis
 
+from loragate.proc import exit_on_stop_signal, install_stop_handler
 from loragate.redis_url import connect_sync
 from loragate.tracing import make_provider
 from worker.config import EngineConfig
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_on_stop_signal()  # until the service runs there is nothing to drain: stop at once
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model_dir = Path(args.model)
@@ -74,8 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("loragate.worker").info("draining (signal %d)", signum)
         service.drain()
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    install_stop_handler(on_term)  # SIGTERM, SIGINT (even if inherited as ignored) and SIGHUP all drain
     logging.getLogger("loragate.worker").info("worker %s serving %s from %s", worker_id, name, model_dir)
     service.run()
     if provider is not None:
