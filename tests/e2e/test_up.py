@@ -29,6 +29,7 @@ import openai
 import pytest
 
 from loragate.paths import cache_dir
+from loragate.rundir import remove_stale
 from tests.e2e.stack import free_port
 from worker.modelzoo.make import ZooPaths
 
@@ -188,10 +189,16 @@ def start_up(zoo: ZooPaths) -> Iterator[Callable[[], Up]]:
 
     yield start
     for proc, output, known in started:
-        _kill_everything(proc, known | (descendants(proc.pid) if proc.poll() is None else set()))
+        if proc.poll() is None:  # let it clean up its run directory, then make sure nothing survives
+            known |= descendants(proc.pid)
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+        _kill_everything(proc, known)
         output.wait_closed(10)
         assert proc.stdout is not None
         proc.stdout.close()
+    remove_stale(cache_dir() / "up")  # what a SIGKILLed `up` left
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
