@@ -156,13 +156,13 @@ def _supervise(
     Redis if it dies (its append-only file brings the queues back, less at most the last second)."""
     healthy, healthy_by = False, time.monotonic() + HEALTHY_WITHIN_S
     while not stops.count:
+        if redis_server is not None and not redis_server.running():
+            print("loragate up: redis-server exited; restarting it", file=sys.stderr, flush=True)
+            redis_server.start()  # RuntimeError (with Redis's log) if it cannot: main reports it
         exited = [f"{name} (exit {p.returncode})" for name, p in procs.items() if p.poll() is not None]
         if exited:
             print(f"loragate up: {', '.join(exited)} stopped; stopping the stack", file=sys.stderr)
             return 1
-        if redis_server is not None and not redis_server.running():
-            print("loragate up: redis-server exited; restarting it", file=sys.stderr, flush=True)
-            redis_server.start()  # RuntimeError (with Redis's log) if it cannot: main reports it
         if not healthy:
             if _healthy(url, workers):
                 healthy = True
