@@ -39,7 +39,7 @@ KEY = "sk-trace"
 def traced_stack(
     zoo: ZooPaths, redis_url: str
 ) -> Iterator[tuple[str, InMemorySpanExporter, InMemorySpanExporter]]:
-    r = redis.Redis.from_url(redis_url)
+    r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
     worker_spans, gateway_spans = InMemorySpanExporter(), InMemorySpanExporter()
     provider = make_provider("loragate-worker", worker_spans)
     assert provider is not None
@@ -134,7 +134,7 @@ def test_the_stack_exports_otlp_http_to_a_collector(zoo: ZooPaths, redis_server:
     _Receiver.received = []
     receiver = HTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    client = redis.Redis.from_url(redis_server)
+    client = redis.Redis.from_url(redis_server, socket_timeout=10, socket_connect_timeout=10)
     client.flushall()
     client.close()
     stack = Stack(zoo, redis_server, tmp_path)
