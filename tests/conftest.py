@@ -42,7 +42,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def redis_url(redis_server: str) -> Iterator[str]:
-    client = redis.Redis.from_url(redis_server)
+    client = redis.Redis.from_url(redis_server, socket_timeout=10, socket_connect_timeout=10)
     client.flushall()
     client.close()
     yield redis_server

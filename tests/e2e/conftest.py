@@ -14,7 +14,7 @@ from worker.modelzoo.make import ZooPaths
 
 @pytest.fixture(scope="module")
 def stack(zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    client = redis.Redis.from_url(redis_server)
+    client = redis.Redis.from_url(redis_server, socket_timeout=10, socket_connect_timeout=10)
     client.flushall()
     client.close()
     s = Stack(zoo, redis_server, Path(tmp_path_factory.mktemp("stack")))

@@ -35,7 +35,7 @@ def outstanding(url: str) -> int:
 
 def aborted_after(stack: Stack, request_id: str, timeout: float = 15.0) -> int:
     """Wait for the request's last output event; it must be an abort: returns the tokens it had made."""
-    r = redis.Redis.from_url(stack.redis_url)
+    r = redis.Redis.from_url(stack.redis_url, socket_timeout=10, socket_connect_timeout=10)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:

@@ -96,15 +96,21 @@ def test_policy_put_changes_routing_without_restart(stack: Stack) -> None:
 
 
 def test_shadow_policy_reports_disagreement(stack: Stack) -> None:
+    stack.wait_idle()
+    # A prefix of its own, held by exactly one worker: the active policy follows it every time, the
+    # round-robin shadow only every other time, so their predicted cache hits must differ.
+    prefix = "".join(f"class Shadow{i}:\n    size = {i}\n\n" for i in range(40))
+    holder = complete(stack, prefix + "# warm").headers["x-loragate-worker"]
+    time.sleep(0.6)  # the holder's KV events reach the gateway's prefix index
     original = httpx.get(f"{stack.url}/admin/policy", headers=ADMIN).json()["document"]
     shadow = {**original, "default_profile": "round-robin"}
     assert httpx.put(f"{stack.url}/admin/policy/shadow", json=shadow, headers=ADMIN).status_code == 201
     time.sleep(0.3)
     for i in range(6):
-        complete(stack, SYSTEM + f"# shadowed {i}")
+        assert complete(stack, prefix + f"# shadowed {i}").headers["x-loragate-worker"] == holder
     report = httpx.get(f"{stack.url}/admin/policy/shadow", headers=ADMIN).json()["report"]
     assert report["compared"] == 6 and report["different_worker"] >= 1
-    assert report["active_predicted_cached_tokens"] > 0 and report["shadow_predicted_cached_tokens"] >= 0
+    assert report["active_predicted_cached_tokens"] > report["shadow_predicted_cached_tokens"] > 0, report
     assert httpx.delete(f"{stack.url}/admin/policy/shadow", headers=ADMIN).status_code == 204
 
 

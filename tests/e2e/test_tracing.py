@@ -24,6 +24,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from loragate import keys
+from loragate.messages import WorkerState
 from loragate.tracing import make_provider
 from tests.e2e.stack import Stack, free_port
 from worker.config import EngineConfig
@@ -39,7 +41,7 @@ KEY = "sk-trace"
 def traced_stack(
     zoo: ZooPaths, redis_url: str
 ) -> Iterator[tuple[str, InMemorySpanExporter, InMemorySpanExporter]]:
-    r = redis.Redis.from_url(redis_url)
+    r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
     worker_spans, gateway_spans = InMemorySpanExporter(), InMemorySpanExporter()
     provider = make_provider("loragate-worker", worker_spans)
     assert provider is not None
@@ -74,7 +76,7 @@ def traced_stack(
 
 
 def test_one_trace_spans_gateway_queue_and_worker(
-    traced_stack: tuple[str, InMemorySpanExporter, InMemorySpanExporter],
+    traced_stack: tuple[str, InMemorySpanExporter, InMemorySpanExporter], redis_url: str
 ) -> None:
     url, gateway_spans, worker_spans = traced_stack
     body = {
@@ -98,7 +100,8 @@ def test_one_trace_spans_gateway_queue_and_worker(
     assert server.attributes["gen_ai.usage.output_tokens"] == 6
     route = gw["route"].attributes or {}
     assert route["loragate.route.worker"] == "tw1" and "loragate.route.score.prefix" in route
-    assert route["loragate.route.adapter_tier"] in ("disk", "host", "device")
+    # A fresh worker has never loaded the adapter: it had to come from disk.
+    assert route["loragate.route.adapter_tier"] == "disk"
 
     wk = {s.name: s for s in worker_spans.get_finished_spans()}
     gen = wk["text_completion tiny"]
@@ -111,6 +114,34 @@ def test_one_trace_spans_gateway_queue_and_worker(
     attrs = gen.attributes or {}
     assert attrs["gen_ai.usage.output_tokens"] == 6 and attrs["gen_ai.response.id"] == resp.json()["id"]
     assert attrs["loragate.ttft_s"] > 0 and attrs["loragate.itl_s"] > 0
+
+    # Once the worker's heartbeat says the adapter is on its device, the next route span says so too.
+    wait_until_resident(redis_url, "tw1", "tiny:qv-r8")
+    gateway_spans.clear()
+    resp = httpx.post(
+        f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
+    assert resp.status_code == 200
+    time.sleep(0.3)
+    route = next(s for s in gateway_spans.get_finished_spans() if s.name == "route").attributes or {}
+    assert route["loragate.route.adapter_tier"] == "device"
+
+
+def wait_until_resident(redis_url: str, worker_id: str, adapter: str, timeout: float = 10.0) -> None:
+    """Until the worker's heartbeat lists `adapter` on its device, and the gateway's fleet view (refreshed
+    every 0.5 s) has had time to read it."""
+    r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            raw = r.get(keys.worker_state(worker_id))
+            if raw is not None and adapter in WorkerState.from_json(raw).adapters_device:
+                time.sleep(1.0)
+                return
+            time.sleep(0.1)
+    finally:
+        r.close()
+    raise AssertionError(f"{adapter} never became resident on {worker_id}")
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -134,7 +165,7 @@ def test_the_stack_exports_otlp_http_to_a_collector(zoo: ZooPaths, redis_server:
     _Receiver.received = []
     receiver = HTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    client = redis.Redis.from_url(redis_server)
+    client = redis.Redis.from_url(redis_server, socket_timeout=10, socket_connect_timeout=10)
     client.flushall()
     client.close()
     stack = Stack(zoo, redis_server, tmp_path)

@@ -16,7 +16,7 @@ def drain_queue_of(redis_url: str, worker_id: str, beating: bool) -> bool:
     """Whether the empty queue of `worker_id` survives a reaper pass over it."""
 
     async def main() -> bool:
-        r = aioredis.Redis.from_url(redis_url)
+        r = aioredis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
         try:
             queue = keys.queue(worker_id)
             await r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)

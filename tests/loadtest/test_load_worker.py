@@ -29,7 +29,7 @@ def model_dir(tmp_path: Path) -> Path:
 
 @asynccontextmanager
 async def running(url: str, model_dir: Path, interval_s: float = 0.01) -> AsyncIterator[aioredis.Redis]:
-    r = aioredis.Redis.from_url(url)
+    r = aioredis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
     worker = LoadWorker(r, LoadWorkerConfig("load-t", "tiny-load", model_dir, interval_s, block_ms=20))
     task = asyncio.create_task(worker.run())
     try:

@@ -234,7 +234,7 @@ def test_make_all_serialises_concurrent_builders_and_replaces_leftovers(tmp_path
     (tmp_path / ".zoo.building-stale").mkdir()
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(make_all, root, False, bases=("tiny-mistral",)) for _ in range(2)]
-        results = [future.result() for future in futures]
+        results = [future.result(timeout=600) for future in futures]
     assert results == [ZooPaths(root), ZooPaths(root)]
     assert is_complete(root, ("tiny-mistral",))
     assert not (root / "junk").exists()
