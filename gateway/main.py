@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from gateway.app import create_app
+from gateway.http_protocol import guarded_protocol
 from gateway.settings import GatewaySettings
 from loragate.redis_url import resolve
 
@@ -44,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
+        http=guarded_protocol(settings.header_timeout_s),  # header time and size limits
     )
     return 0
 
