@@ -13,10 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway import openapi
 from gateway.admin_api import AdminRoutes
 from gateway.admin_policy import PolicyRoutes
 from gateway.admission import FairAdmission
@@ -30,6 +32,7 @@ from gateway.kv_events import KVEventFollower
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import OpenAIRoutes
 from gateway.policy_store import PolicyHolder, PolicyStore
+from gateway.read_limits import ReadLimits
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
 from gateway.routing import Router
@@ -148,6 +151,9 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
 
         return endpoint
 
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(openapi.document(ctx().fleet.models()))
+
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(ctx().metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -155,6 +161,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
         Route("/v1/models", bind(o, "models"), methods=["GET"]),
         Route("/v1/completions", bind(o, "completions"), methods=["POST"]),
         Route("/v1/chat/completions", bind(o, "chat_completions"), methods=["POST"]),
@@ -179,6 +186,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(ReadLimits, settings.max_body_bytes, settings.body_timeout_s)],
         exception_handlers={
             APIError: _api_error,
             HTTPException: _http_error,

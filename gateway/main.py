@@ -18,6 +18,7 @@ from types import FrameType
 import uvicorn
 
 from gateway.app import create_app
+from gateway.http_protocol import guarded_protocol
 from gateway.settings import ConfigError, GatewaySettings
 from loragate.proc import exit_on_stop_signal, install_stop_handler, restore_handlers
 from loragate.redis_url import resolve
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
+        http=guarded_protocol(settings.header_timeout_s),  # header time and size limits
     )
     _Server(config).run()
     return 0

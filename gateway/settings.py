@@ -39,6 +39,8 @@ class GatewaySettings:
     first_event_timeout_s: float = 300.0
     redis_timeout_s: float = 5.0  # longest wait for Redis on a request's path; then 503
     max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 30.0  # the whole body must arrive within this (408), on every route
+    header_timeout_s: float = 10.0  # the request line and headers must arrive within this (408)
     fair_admission_per_worker: int = 48  # outstanding requests per worker before fair queueing starts
     fair_admission_max_wait_s: float = 30.0
     gateway_id: str = field(default_factory=lambda: f"gw-{os.getpid()}")
