@@ -17,8 +17,8 @@ Drain rate: requests of m finished per second, the larger of two lower bounds:
   * from the heartbeats: Σ decode_tok_s of m's workers / completion tokens per request (the mean measured
     here; before anything finished, the mean `max_tokens` asked for, an upper bound). It counts the work
     of every gateway sharing the fleet, which the local measure misses.
-The estimated wait is requests ahead / drain rate. While neither rate is known (nothing has finished yet)
-the wait bound is not applied; the count bounds are.
+The estimated wait is (requests ahead + 1) / drain rate (0 with nothing ahead). While neither rate is
+known (nothing has finished yet) the wait bound is not applied; the count bounds are.
 
 Bounds, from the gateway config: `wait_bound_s` (refuse when the estimated wait exceeds it) and
 `max_queued` (per model: requests ahead; per tenant: its requests queued in this gateway); 0 = off.
@@ -194,8 +194,13 @@ class Load:
         return self.backlog + own + others
 
     def wait_s(self, tenant: str) -> float | None:
-        """Estimated queue wait of a new request; None when the drain rate is unknown."""
-        return self.ahead(tenant) / self.drain_rps if self.drain_rps > 0 else None
+        """Estimated queue wait of a new request; None when the drain rate is unknown. With k requests
+        ahead every slot is taken, so it starts when the (k+1)-th request ends; with none ahead it may find
+        a free slot (a full fleet with nothing waiting is counted as no wait: off by one request at most)."""
+        if self.drain_rps <= 0:
+            return None
+        ahead = self.ahead(tenant)
+        return (ahead + 1) / self.drain_rps if ahead else 0.0
 
 
 @dataclass(frozen=True)

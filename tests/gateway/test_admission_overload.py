@@ -38,7 +38,7 @@ JUDGE_CASES = [
         Limits(10, models={"tiny": Bounds(wait_bound_s=2)}),
         "a",
         Load(6, {}, 2.0),
-        ("queue_wait_exceeded", 1),
+        ("queue_wait_exceeded", 2),
     ),
     (
         "a tenant's wait bound wins over its model's",
@@ -74,7 +74,7 @@ JUDGE_CASES = [
         Limits(5),
         "flood",
         Load(4, {"flood": 40}, 2.0),
-        ("queue_wait_exceeded", 17),
+        ("queue_wait_exceeded", 18),
     ),
     ("Retry-After is capped", Limits(1), "a", Load(10**6, {}, 1.0), ("queue_wait_exceeded", 600)),
 ]
@@ -109,7 +109,7 @@ AHEAD_CASES = [
 )
 def test_requests_ahead(load: Load, tenant: str, ahead: int) -> None:
     assert load.ahead(tenant) == ahead
-    assert load.wait_s(tenant) == ahead / load.drain_rps
+    assert load.wait_s(tenant) == ((ahead + 1) / load.drain_rps if ahead else 0.0)
 
 
 def test_backlog_counts_what_is_not_running() -> None:
@@ -211,14 +211,14 @@ def serve(admission: FairAdmission, finished: int, over_s: float) -> None:
 def test_over_the_wait_bound_is_refused_at_once_with_a_computed_retry_after() -> None:
     async def run() -> None:
         admission = admission_with(outstanding=30, running=8, limits=Limits(5))  # 22 not running yet
-        serve(admission, finished=20, over_s=10.0)  # 2 requests/s: 11 s of wait
+        serve(admission, finished=20, over_s=10.0)  # 2 requests/s: 11.5 s of wait
         started = time.monotonic()
         with pytest.raises(APIError) as e:
             await admission.admit("a", "tiny", 10, 10)
         assert time.monotonic() - started < 0.05
         assert e.value.status == 429 and e.value.code == "queue_wait_exceeded"
-        assert e.value.headers["Retry-After"] == "6"  # 11 s estimated − 5 s bound
-        assert e.value.headers["x-loragate-estimated-wait-s"] == "11.00"
+        assert e.value.headers["Retry-After"] == "7"  # 11.5 s estimated − 5 s bound
+        assert e.value.headers["x-loragate-estimated-wait-s"] == "11.50"
         assert admission.rejected["queue_wait_exceeded"] == 1
 
     asyncio.run(run())
@@ -252,9 +252,9 @@ def test_a_flooding_tenant_is_refused_while_a_light_one_is_admitted() -> None:
         light = asyncio.create_task(admission.admit("light", "tiny", 10, 10))
         await asyncio.sleep(0.01)
         refused = [t for t in flood if t.done() and isinstance(t.exception(), APIError)]
-        assert len(refused) == 5  # queued 0..6 ahead (≤ 3 s at 2/s) were admitted, the 8th on refused
+        assert len(refused) == 6  # with 0..5 ahead (≤ 3 s at 2/s) admitted, from the 7th on refused
         assert not light.done()  # the light tenant waits for its fair turn, it is not refused
-        assert admission.queues["tiny"].queued() == {"flood": 7, "light": 1}
+        assert admission.queues["tiny"].queued() == {"flood": 6, "light": 1}
         for t in (*flood, light):
             t.cancel()
         await asyncio.gather(*flood, light, return_exceptions=True)
