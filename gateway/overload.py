@@ -17,8 +17,13 @@ Drain rate: requests of m finished per second, the larger of two lower bounds:
   * from the heartbeats: Σ decode_tok_s of m's workers / completion tokens per request (the mean measured
     here; before anything finished, the mean `max_tokens` asked for, an upper bound). It counts the work
     of every gateway sharing the fleet, which the local measure misses.
-The estimated wait is (requests ahead + 1) / drain rate (0 with nothing ahead). While neither rate is
-known (nothing has finished yet) the wait bound is not applied; the count bounds are.
+The estimated wait is a high quantile, not the mean, so that admitted requests, not just the average
+one, start within the bound: with k requests ahead, every slot is taken and the request starts at the
+(k+1)-th completion; were completions a Poisson stream at the drain rate r, that time would be Gamma
+distributed with mean n/r (n = k+1) and standard deviation √n/r, so the estimate is (n + 2√n) / r (about
+its 97th percentile; 0 with nothing ahead). It also covers completions that come in bunches (identical
+requests started together) and a snapshot one or two requests behind. While neither rate is known
+(nothing has finished yet) the wait bound is not applied; the count bounds are.
 
 Bounds, from the gateway config: `wait_bound_s` (refuse when the estimated wait exceeds it) and
 `max_queued` (per model: requests ahead; per tenant: its requests queued in this gateway); 0 = off.
@@ -41,6 +46,7 @@ from gateway.settings import GatewaySettings
 BOUND_KEYS = ("max_queued", "wait_bound_s")
 ANY_TENANT = "*"
 MAX_RETRY_AFTER_S = 600
+TAIL_Z = 2.0  # standard deviations of the wait added to its mean (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -194,13 +200,12 @@ class Load:
         return self.backlog + own + others
 
     def wait_s(self, tenant: str) -> float | None:
-        """Estimated queue wait of a new request; None when the drain rate is unknown. With k requests
-        ahead every slot is taken, so it starts when the (k+1)-th request ends; with none ahead it may find
-        a free slot (a full fleet with nothing waiting is counted as no wait: off by one request at most)."""
+        """Estimated queue wait of a new request (the high quantile of the module docstring); None when the
+        drain rate is unknown. With nothing ahead it may find a free slot: 0."""
         if self.drain_rps <= 0:
             return None
-        ahead = self.ahead(tenant)
-        return (ahead + 1) / self.drain_rps if ahead else 0.0
+        n = self.ahead(tenant) + 1  # it starts when the n-th request from now ends
+        return (n + TAIL_Z * math.sqrt(n)) / self.drain_rps if n > 1 else 0.0
 
 
 @dataclass(frozen=True)
@@ -253,11 +258,13 @@ def judge(limits: Limits, tenant: str, model: str, load: Load) -> Refusal | None
         )
     bound = limits.wait_bound(tenant, model)
     if bound and wait is not None and wait > bound:
+        # The most requests ahead (+1) whose estimate stays within the bound: n + z√n = bound · rate.
+        fits = (math.sqrt(TAIL_Z**2 / 4 + bound * load.drain_rps) - TAIL_Z / 2) ** 2
         return Refusal(
             "queue_wait_exceeded",
             f"'{model}' is overloaded: the estimated wait is {wait:.1f} s, over the bound of {bound:g} s. "
             "Retry later.",
-            whole_seconds(wait - bound),
+            retry_after(ahead + 1 - fits, load.drain_rps),
             wait,
         )
     return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -20,11 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest.health_probe import HealthProbe, ProbeResult
 from tests.e2e.stack import Stack
 from worker.modelzoo.make import ZooPaths
 
 MODEL = "tiny-load"
-BOUND_S = 1.5
+BOUND_S = 2.5
 ALICE = {"Authorization": "Bearer sk-test-alice"}
 BOB = {"Authorization": "Bearer sk-test-bob"}
 BODY = {"model": MODEL, "prompt": "Tell me a story.", "max_tokens": 10, "stream": True}
@@ -92,32 +94,19 @@ async def one(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> O
         return outcome
 
 
-async def probe_health(url: str, stop: asyncio.Event, latencies: list[float]) -> None:
-    """A new connection per probe, as a load balancer's health check makes."""
-    while not stop.is_set():
-        started = time.monotonic()
-        async with httpx.AsyncClient(timeout=5) as client:
-            assert (await client.get(f"{url}/health")).status_code == 200
-        latencies.append(time.monotonic() - started)
-        await asyncio.sleep(0.05)
-
-
-async def scenario(url: str) -> tuple[list[Outcome], Outcome, list[float]]:
+async def scenario(url: str) -> tuple[list[Outcome], Outcome, ProbeResult]:
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         # Warm-up within capacity: the gateway measures the drain rate from what finishes.
         warm = await asyncio.gather(*(one(client, url, ALICE) for _ in range(6)))
         assert [o.status for o in warm] == [200] * 6
-        stop, health = asyncio.Event(), list[float]()
-        prober = asyncio.create_task(probe_health(url, stop, health))
-        # 40 at once from alice: 10 s of work for a fleet that drains about 4 per second.
-        flood = [asyncio.create_task(one(client, url, ALICE)) for _ in range(40)]
-        await asyncio.sleep(0.5)
-        light = await one(client, url, BOB)  # bob's one request, amid alice's flood
-        outcomes = await asyncio.gather(*flood)
-        stop.set()
-        await prober
-        return outcomes, light, health
+        with HealthProbe(url) as probe:  # its own process: this loop's load is not the gateway's latency
+            # 40 at once from alice: 10 s of work for a fleet that drains about 4 per second.
+            flood = [asyncio.create_task(one(client, url, ALICE)) for _ in range(40)]
+            await asyncio.sleep(0.5)
+            light = await one(client, url, BOB)  # bob's one request, amid alice's flood
+            outcomes = await asyncio.gather(*flood)
+        return outcomes, light, probe.result
 
 
 def test_a_burst_over_capacity_gets_429_at_once_and_the_admitted_start_within_the_bound(
@@ -127,13 +116,13 @@ def test_a_burst_over_capacity_gets_429_at_once_and_the_admitted_start_within_th
     admitted = [o for o in outcomes if o.status == 200]
     refused = [o for o in outcomes if o.status == 429]
     assert len(admitted) + len(refused) == len(outcomes), [o.status for o in outcomes]
-    # About 2 running + BOUND_S × 4/s queued get in; without admission control all 40 would, the last
-    # ones after ~10 s.
+    # 2 running + 5 queued fit in the bound ((6 + 2√6) / 4/s = 2.7 s > 2.5 s); without admission control
+    # all 40 would get in, the last after ~10 s.
     assert 2 <= len(admitted) <= 15 and len(refused) >= 25, (len(admitted), overload_stack.logs())
     assert all(o.tokens == BODY["max_tokens"] for o in admitted)
-    # Admitted: first token within the bound, plus a little for the gateway and the client, plus one turn
-    # (0.5 s) taken by bob, who came later and went first (that is what fair queueing is for).
-    assert max(o.seconds for o in admitted) < BOUND_S + 0.5 + 0.3, sorted(o.seconds for o in admitted)
+    # Admitted: first token within the bound (the estimate is a high quantile, so this holds even though
+    # bob came later and went first, which is what fair queueing is for).
+    assert max(o.seconds for o in admitted) < BOUND_S, sorted(o.seconds for o in admitted)
     for o in refused:
         assert o.seconds < 1.0  # refused at once, not after waiting
         assert o.body is not None and o.body["error"] == {
@@ -144,10 +133,10 @@ def test_a_burst_over_capacity_gets_429_at_once_and_the_admitted_start_within_th
         }
         estimate = float(o.headers["x-loragate-estimated-wait-s"])
         assert estimate > BOUND_S
-        retry = int(o.headers["retry-after"])  # the excess wait, in whole seconds
-        assert retry >= 1 and retry - 1 <= estimate - BOUND_S <= retry + 0.01
+        retry = int(o.headers["retry-after"])  # about the excess wait, in whole seconds
+        assert 1 <= retry <= math.ceil(estimate - BOUND_S) + 1
     # The light tenant waits behind at most one of alice's requests per turn: admitted, and soon served.
-    assert light.status == 200 and light.seconds < BOUND_S + 0.3, (light.status, light.body)
-    print(len(admitted), sorted(round(o.seconds, 2) for o in admitted), light.seconds, sorted(health)[-3:])
-    assert len(health) >= 10
-    assert sorted(health)[int(len(health) * 0.9)] < 0.1, sorted(health)
+    assert light.status == 200 and light.seconds < BOUND_S, (light.status, light.body)
+    # /health answers fast throughout (a new connection per probe, every 50 ms).
+    assert health.failures == 0 and len(health.latencies_ms) >= 10
+    assert sorted(health.latencies_ms)[int(len(health.latencies_ms) * 0.95)] < 100, health.latencies_ms

@@ -5,6 +5,7 @@ light tenant is still admitted while a flooding one is refused."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -27,8 +28,10 @@ def view(worker_id: str, outstanding: int, running: int, decode_tok_s: float = 0
 JUDGE_CASES = [
     # name, limits, tenant, load, expected (code, Retry-After) or None
     ("no bounds admit anything", Limits(), "a", Load(1000, {}, 1.0), None),
-    ("under the wait bound", Limits(10), "a", Load(5, {}, 1.0), None),
-    ("over the wait bound", Limits(10), "a", Load(25, {}, 2.0), ("queue_wait_exceeded", 3)),
+    ("under the wait bound", Limits(10), "a", Load(4, {}, 1.0), None),  # (5 + 2√5) / 1 = 9.5 s
+    ("just over the wait bound", Limits(10), "a", Load(5, {}, 1.0), ("queue_wait_exceeded", 1)),  # 10.9 s
+    # (26 + 2√26) / 2 = 18.1 s; 12.8 requests fit in 10 s (n + 2√n = 20): 13.2 too many at 2/s.
+    ("over the wait bound", Limits(10), "a", Load(25, {}, 2.0), ("queue_wait_exceeded", 7)),
     ("unknown drain: wait bound not applied", Limits(10), "a", Load(100, {}, 0.0), None),
     ("unknown drain: count bound still applies", Limits(10, 50), "a", Load(100, {}, 0.0), ("queue_full", 1)),
     ("model max_queued counts the fair queue", Limits(0, 10), "a", Load(8, {"a": 2}, 2.0), ("queue_full", 1)),
@@ -38,7 +41,7 @@ JUDGE_CASES = [
         Limits(10, models={"tiny": Bounds(wait_bound_s=2)}),
         "a",
         Load(6, {}, 2.0),
-        ("queue_wait_exceeded", 2),
+        ("queue_wait_exceeded", 3),
     ),
     (
         "a tenant's wait bound wins over its model's",
@@ -68,10 +71,10 @@ JUDGE_CASES = [
         Load(0, {"a": 3, "b": 5}, 2.0),
         ("queue_full", 2),  # (3 - 2 + 1) of a's requests, each after one of b's, at 2/s
     ),
-    ("a light tenant behind a flood is admitted", Limits(5), "light", Load(4, {"flood": 40}, 2.0), None),
+    ("a light tenant behind a flood is admitted", Limits(8), "light", Load(4, {"flood": 40}, 2.0), None),
     (
         "the flooding tenant is refused",
-        Limits(5),
+        Limits(8),
         "flood",
         Load(4, {"flood": 40}, 2.0),
         ("queue_wait_exceeded", 18),
@@ -109,7 +112,8 @@ AHEAD_CASES = [
 )
 def test_requests_ahead(load: Load, tenant: str, ahead: int) -> None:
     assert load.ahead(tenant) == ahead
-    assert load.wait_s(tenant) == ((ahead + 1) / load.drain_rps if ahead else 0.0)
+    n = ahead + 1
+    assert load.wait_s(tenant) == ((n + 2 * math.sqrt(n)) / load.drain_rps if ahead else 0.0)
 
 
 def test_backlog_counts_what_is_not_running() -> None:
@@ -211,14 +215,14 @@ def serve(admission: FairAdmission, finished: int, over_s: float) -> None:
 def test_over_the_wait_bound_is_refused_at_once_with_a_computed_retry_after() -> None:
     async def run() -> None:
         admission = admission_with(outstanding=30, running=8, limits=Limits(5))  # 22 not running yet
-        serve(admission, finished=20, over_s=10.0)  # 2 requests/s: 11.5 s of wait
+        serve(admission, finished=20, over_s=10.0)  # 2 requests/s: (23 + 2√23) / 2 = 16.3 s of wait
         started = time.monotonic()
         with pytest.raises(APIError) as e:
             await admission.admit("a", "tiny", 10, 10)
         assert time.monotonic() - started < 0.05
         assert e.value.status == 429 and e.value.code == "queue_wait_exceeded"
-        assert e.value.headers["Retry-After"] == "7"  # 11.5 s estimated − 5 s bound
-        assert e.value.headers["x-loragate-estimated-wait-s"] == "11.50"
+        assert e.value.headers["Retry-After"] == "9"  # 5.4 of the 23 fit in 5 s; the rest drain at 2/s
+        assert e.value.headers["x-loragate-estimated-wait-s"] == "16.30"
         assert admission.rejected["queue_wait_exceeded"] == 1
 
     asyncio.run(run())
@@ -226,7 +230,7 @@ def test_over_the_wait_bound_is_refused_at_once_with_a_computed_retry_after() ->
 
 def test_within_the_wait_bound_is_admitted() -> None:
     async def run() -> None:
-        admission = admission_with(outstanding=30, running=8, limits=Limits(12))
+        admission = admission_with(outstanding=30, running=8, limits=Limits(17))
         serve(admission, finished=20, over_s=10.0)
         await asyncio.wait_for(admission.admit("a", "tiny", 10, 10), 0.5)
         assert not admission.rejected
@@ -244,15 +248,15 @@ def test_requests_that_never_ran_do_not_count_as_drained() -> None:
 
 def test_a_flooding_tenant_is_refused_while_a_light_one_is_admitted() -> None:
     async def run() -> None:
-        # The worker is full (no room: everything waits in the fair queue), 2 requests/s drain, 3 s bound.
-        admission = admission_with(outstanding=8, running=8, limits=Limits(3), per_worker=8)
+        # The worker is full (no room: everything waits in the fair queue), 2 requests/s drain, 6 s bound.
+        admission = admission_with(outstanding=8, running=8, limits=Limits(6), per_worker=8)
         serve(admission, finished=20, over_s=10.0)
         flood = [asyncio.create_task(admission.admit("flood", "tiny", 10, 10)) for _ in range(12)]
         await asyncio.sleep(0.01)
         light = asyncio.create_task(admission.admit("light", "tiny", 10, 10))
         await asyncio.sleep(0.01)
         refused = [t for t in flood if t.done() and isinstance(t.exception(), APIError)]
-        assert len(refused) == 6  # with 0..5 ahead (≤ 3 s at 2/s) admitted, from the 7th on refused
+        assert len(refused) == 6  # 0..5 ahead fit in 6 s at 2/s ((6 + 2√6) / 2 = 5.4 s); 6 do not
         assert not light.done()  # the light tenant waits for its fair turn, it is not refused
         assert admission.queues["tiny"].queued() == {"flood": 6, "light": 1}
         for t in (*flood, light):
