@@ -31,6 +31,7 @@ from gateway.fleet import Fleet
 from gateway.kv_events import KVEventFollower
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import OpenAIRoutes
+from gateway.overload import Limits
 from gateway.policy_store import PolicyHolder, PolicyStore
 from gateway.read_limits import ReadLimits
 from gateway.reaper import Reaper
@@ -87,7 +88,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
     kv_events.start()
     metrics = GatewayMetrics(fleet)
     decisions = DecisionLog(r, metrics)
-    admission = FairAdmission(fleet, settings.fair_admission_per_worker, settings.fair_admission_max_wait_s)
+    admission = FairAdmission.from_settings(fleet, settings)
     try:
         yield GatewayContext(
             settings,
@@ -118,6 +119,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
 
 def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = None) -> Starlette:
     """The app; traces go to `span_exporter` (tests) or as the `OTEL_*` environment says (off if unset)."""
+    Limits.from_settings(settings)  # a bad admission bound fails here, before the server starts
     holder: dict[str, GatewayContext] = {}
     provider = make_provider("loragate-gateway", span_exporter)
     tracer = provider.get_tracer("loragate.gateway") if provider is not None else None

@@ -7,6 +7,14 @@ adapter_roots: [/models/adapters] # registered adapter paths must lie under one 
 request_timeout_s: 600
 redis_timeout_s: 5                # a request that waits longer for Redis gets a 503
 fair_admission_per_worker: 48     # beyond this many outstanding per worker, tenants queue fairly
+# Overload (gateway/overload.py): refuse at once with 429 + Retry-After what would wait too long.
+admission_wait_bound_s: 10        # estimated queue wait (requests ahead / measured drain rate); 0 = off
+admission_max_queued: 0           # requests waiting (not running) per model; 0 = no limit
+admission_models:                 # per-model overrides
+  tiny: {wait_bound_s: 5, max_queued: 200}
+admission_tenants:                # per-tenant overrides ("*" = every tenant); a tenant's wins
+  batch-jobs: {wait_bound_s: 120} # over its model's, which wins over the defaults above
+  "*": {max_queued: 100}          # a tenant's requests waiting in this gateway's fair queue
 # Per-worker queue bounds (429) and routing live in the routing policy (GET/PUT /admin/policy).
 ```
 """
@@ -43,6 +51,10 @@ class GatewaySettings:
     header_timeout_s: float = 10.0  # the request line and headers must arrive within this (408)
     fair_admission_per_worker: int = 48  # outstanding requests per worker before fair queueing starts
     fair_admission_max_wait_s: float = 30.0
+    admission_wait_bound_s: float = 10.0  # refuse (429) when the estimated queue wait exceeds it; 0 = off
+    admission_max_queued: int = 0  # per model: requests waiting (not running) beyond which 429; 0 = off
+    admission_models: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> bounds
+    admission_tenants: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant or "*" -> bounds
     gateway_id: str = field(default_factory=lambda: f"gw-{os.getpid()}")
 
     @staticmethod
