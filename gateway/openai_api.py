@@ -259,7 +259,10 @@ class OpenAIRoutes:
             if first.error is not None:
                 self._finish(rid)
                 err = first.error
-                raise APIError(int(err.get("status", 400)), str(err.get("message")), code=err.get("code"))
+                retry = {"Retry-After": "2"} if err.get("status") == 503 else None  # e.g. lost with Redis
+                raise APIError(
+                    int(err.get("status", 400)), str(err.get("message")), code=err.get("code"), headers=retry
+                )
             headers["x-loragate-worker"] = first.worker_id
             model_id = target.model_id if parsed.model != AUTO and alias is None else target.base
             if parsed.stream:

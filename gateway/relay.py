@@ -10,12 +10,21 @@ soon as its last event arrives, so a gateway that serves one request at a time n
 An `EventChannel` is what a request handler reads. It is on the TTFT and per-token path, so it is leaner
 than `asyncio.Queue` behind `asyncio.wait_for` (which wraps every wait in a new Task): an event that has
 already arrived is returned without suspending, and a wait costs one future and one timer.
+
+Redis outages. The reader retries with backoff and, once Redis answers again, takes the new connection's
+`CLIENT ID` (for the wake-ups) and looks whether the server restarted. Workers write again the events a
+restarted Redis lost (`worker.ledger`), so a channel may see an event twice: each event carries the
+request's cumulative `completion_tokens`, and a channel drops a token event that does not go past what it
+has relayed. A restarted Redis may also have lost requests that no worker had read yet; once workers had
+`RESYNC_GRACE_S` to re-announce what they run, a waiting request that neither has an output stream nor
+sits in any queue gets a 503 `queue_unavailable` error event ("retry"), instead of waiting for a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import deque
 
@@ -24,6 +33,7 @@ from redis.asyncio.client import Pipeline
 
 from loragate import keys
 from loragate.messages import OutputEvent
+from loragate.redis_retry import RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
 from loragate.redis_url import connect_async_single
 
 log = logging.getLogger("loragate.gateway")
@@ -36,15 +46,20 @@ class ClientGone(Exception):
 class EventChannel:
     """One request's output events, in order: the relay puts, the request's handler gets."""
 
-    __slots__ = ("_events", "_gone", "_waiter", "last_id")
+    __slots__ = ("_events", "_gone", "_waiter", "last_id", "tokens")
 
     def __init__(self, last_id: str = "0"):
         self.last_id = last_id  # the stream entry id read last
+        self.tokens = 0  # the request's completion tokens relayed so far
         self._events: deque[OutputEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._gone = False
 
     def put(self, event: OutputEvent) -> None:
+        if event.token_ids:
+            if event.completion_tokens <= self.tokens:
+                return  # written again after a Redis outage: already relayed
+            self.tokens = event.completion_tokens
         self._events.append(event)
         self._wake()
 
@@ -94,17 +109,32 @@ class OutputMux:
         self._blocked = False
         self._unblocking = False
         self._task: asyncio.Task[None] | None = None
+        self._stale = True  # the reader's connection id (and server) must be read (again)
+        self._run_id: str | None = None  # the Redis server process last seen
+        self._check: asyncio.Task[None] | None = None
+        self.lost = 0  # waiting requests failed because a restarted Redis had lost them
 
     async def start(self) -> None:
-        self._reader_id = int(await self._reader.client_id())
+        await self._reconnected()
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._check):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._reader.aclose()
+
+    async def _reconnected(self) -> None:
+        """Read the (new) connection's id, and after a Redis restart check for lost requests."""
+        self._reader_id = int(await self._reader.client_id())
+        run_id = server_run_id(await self._reader.info("server"))
+        if self._run_id is not None and run_id != self._run_id:  # restarted: count the grace from now
+            if self._check is not None:
+                self._check.cancel()
+            self._check = asyncio.create_task(self._fail_lost())
+        self._run_id, self._stale = run_id, False
 
     async def subscribe(
         self, request_id: str, from_id: str = "0", pipe: Pipeline | None = None
@@ -126,6 +156,7 @@ class OutputMux:
         self.subs.pop(keys.output(request_id), None)
 
     async def _loop(self) -> None:
+        backoff, outage = Backoff(), OutageLog(log, "output relay")
         while True:
             if not self.subs:
                 self._wake.clear()
@@ -133,13 +164,20 @@ class OutputMux:
             streams = {k: c.last_id for k, c in self.subs.items()}
             self._blocked, self._unblocking = True, False
             try:
+                if self._stale:
+                    await self._reconnected()
                 reply = await self._reader.xread(streams, count=self.batch, block=self.block_ms)
-            except Exception:
-                log.exception("output relay read failed; retrying")
-                await asyncio.sleep(0.1)
+            except Exception as e:
+                if not is_outage(e):
+                    log.exception("output relay read failed; retrying")
+                outage.failed(e)
+                self._stale = True
+                await asyncio.sleep(backoff.next())
                 continue
             finally:
                 self._blocked = False
+            if outage.recovered() is not None:
+                backoff.reset()
             for key, entries in reply or []:
                 name = key.decode() if isinstance(key, bytes) else key
                 channel = self.subs.get(name)
@@ -152,3 +190,50 @@ class OutputMux:
                     if event.is_last:  # nothing follows: stop reading the stream now
                         self.subs.pop(name, None)
                         break
+
+    async def _fail_lost(self) -> None:
+        """After a Redis restart: fail the waiting requests that are neither in an output stream nor in a
+        queue any more, once workers had time to re-announce theirs (checked twice, a second apart, so a
+        request moving between queues is not taken for lost)."""
+        await asyncio.sleep(RESYNC_GRACE_S)
+        try:
+            lost = await self._unknown(list(self.subs))
+            if lost:
+                await asyncio.sleep(1.0)
+                lost = await self._unknown(lost)
+        except Exception as e:  # Redis went away again: the next reconnect checks again
+            log.warning("could not check for requests lost with Redis: %r", e)
+            return
+        for key in lost:
+            channel = self.subs.pop(key, None)
+            if channel is not None:
+                channel.put(LOST)
+                self.lost += 1
+        if lost:
+            log.warning("%d waiting requests were lost when Redis restarted; failed them (503)", len(lost))
+
+    async def _unknown(self, streams: list[str]) -> list[str]:
+        """Those of these output streams that do not exist and whose request is in no queue."""
+        if not streams:
+            return []
+        pipe = self._control.pipeline(transaction=False)
+        for key in streams:
+            pipe.exists(key)
+        missing = [key for key, n in zip(streams, await pipe.execute(), strict=True) if not n]
+        if not missing:
+            return []
+        queued: set[str] = set()
+        async for queue in self._control.scan_iter(match=keys.QUEUE_PATTERN, count=1000):
+            for _, fields in await self._control.xrange(queue):
+                queued.add(keys.output(json.loads(fields[b"m"])["request_id"]))
+        return [key for key in missing if key not in queued]
+
+
+LOST = OutputEvent(
+    error={
+        "message": "The request was lost when the request queue (Redis) restarted without it; please retry.",
+        "type": "service_unavailable",
+        "code": "queue_unavailable",
+        "status": 503,
+    }
+)

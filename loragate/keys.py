@@ -48,3 +48,7 @@ EVENTS_PATTERN = f"{PREFIX}:events:*"
 
 def worker_id_of_queue(key: str) -> str:
     return key.removeprefix(f"{PREFIX}:q:")
+
+
+MODELS = f"{PREFIX}:models"  # hash: base model name -> {"model_dir", "max_model_len", "at"} JSON (last beat)
+MODEL_MEMORY_S = 7 * 24 * 3600  # a base model seen within this long is known (503 while down, not 404)

@@ -18,6 +18,7 @@ from loragate.redis_url import connect_sync
 from loragate.tracing import make_provider
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
+from worker.heartbeat import Heartbeat
 from worker.metrics import serve_metrics
 from worker.registry import AdapterRegistry
 from worker.service import WorkerService
@@ -58,12 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     )
     registry = AdapterRegistry(r, name)
-    if args.adapters:
-        registry.publish_directory(Path(args.adapters), pin=tuple(args.pin))
-    registry.sync(engine)
+    if args.adapters:  # published when the service (re)joins the fleet: Redis may be down right now
+        registry.directory = (Path(args.adapters), tuple(args.pin))
     provider = make_provider("loragate-worker")
     tracer = provider.get_tracer("loragate.worker") if provider is not None else None
-    service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer)
+    # The heartbeat has a connection of its own, so it never waits behind the engine loop's commands.
+    beats = Heartbeat(connect_sync(args.redis, socket_timeout=2.0), worker_id)
+    service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer, heartbeat=beats)
     # The model and torch's own objects live as long as the process: out of the cyclic GC's sight, a full
     # collection no longer rescans them between engine steps.
     gc.collect()
