@@ -286,9 +286,9 @@ class OpenAIRoutes:
             if first.error is not None:
                 self._finish()
                 err = first.error
-                retry = {"Retry-After": "2"} if err.get("status") == 503 else None  # e.g. lost with Redis
+                again = {"Retry-After": "2"} if err.get("status") == 503 else None  # e.g. lost with Redis
                 raise APIError(
-                    int(err.get("status", 400)), str(err.get("message")), code=err.get("code"), headers=retry
+                    int(err.get("status", 400)), str(err.get("message")), code=err.get("code"), headers=again
                 )
             headers["x-loragate-worker"] = first.worker_id
             model_id = target.model_id if parsed.model != AUTO and alias is None else target.base
