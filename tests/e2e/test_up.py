@@ -1,7 +1,7 @@
 """`loragate up`, the README's main-job command, as real processes: it starts a working stack and prints a
 usable key; SIGINT, SIGTERM or SIGHUP stops every process it started (a second signal kills at once);
-its children die with it even when it is SIGKILLed; two instances on one machine share nothing; a taken
-port is refused before anything starts.
+its children die with it even when it is SIGKILLed; a crashed embedded Redis is restarted with its data;
+two instances on one machine share nothing; a taken port is refused before anything starts.
 
 Every `up` here is started with SIGINT ignored, as a service manager or a shell's background job starts
 it (and as scripts/test runs the suite): it must not rely on Python's KeyboardInterrupt. Output is read
