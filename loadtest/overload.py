@@ -53,7 +53,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtest.overload", description=__doc__.split("\n")[0])
-    p.add_argument("--bound-s", type=float, default=2.0, help="the gateway's admission_wait_bound_s")
+    p.add_argument("--bound-s", type=float, default=2.0, help="admission_wait_bound_s (0: off, as before)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--max-running", type=int, default=4, help="sequences per worker at once")
     p.add_argument("--tokens", type=int, default=20, help="max_tokens of every request")
