@@ -79,3 +79,41 @@ class OutageLog:
 def server_run_id(info: dict[str, Any]) -> str:
     """From `INFO server`: the id that changes whenever the Redis server process restarts."""
     return str(info.get("run_id", ""))
+
+
+class ServerGuard:
+    """Lets a client's connections reach only the Redis server process its owner last synced with.
+
+    redis-py reconnects pooled connections silently, so after a Redis restart the next command would run on
+    the new server as if nothing had happened: a worker would append output events to streams that lost
+    their beginning, and serve a queue whose group and running entries are gone. With the guard installed,
+    a connection to another server process fails with `ConnectionError` (the outage path) until the owner
+    has re-synced and `accept`s the new server; `open` lets every server through (during that re-sync).
+    """
+
+    def __init__(self) -> None:
+        self.expected: str | None = None
+
+    def install(self, r: redis.Redis) -> None:
+        """Guard every connection `r` makes from now on (its current ones are closed)."""
+        pool = r.connection_pool
+        pool.disconnect()
+        pool.connection_kwargs["redis_connect_func"] = self._on_connect
+        pool.reset()
+
+    def open(self) -> None:
+        self.expected = None
+
+    def accept(self, run_id: str) -> None:
+        self.expected = run_id
+
+    def _on_connect(self, conn: Any) -> None:
+        conn.on_connect()
+        if self.expected is None:
+            return
+        conn.send_command("INFO", "server")
+        raw = conn.read_response()
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        run_id = next((line[7:].strip() for line in text.splitlines() if line.startswith("run_id:")), "")
+        if run_id != self.expected:
+            raise redis.ConnectionError(f"Redis restarted (run_id {run_id[:8]}): re-sync before using it")

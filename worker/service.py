@@ -33,7 +33,7 @@ from redis.client import PubSub
 
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_so_far
-from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog, server_run_id
+from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog, ServerGuard, server_run_id
 from loragate.types import Request, RequestOutput
 from worker.engine import LLMEngine
 from worker.heartbeat import DecodeRate, Heartbeat
@@ -67,6 +67,9 @@ class WorkerService:
         heartbeat: Heartbeat | None = None,
     ):
         self.engine, self.redis, self.worker_id, self.model_name = engine, r, worker_id, model_name
+        # No command of this loop may reach a restarted Redis before `_resync` has repaired it.
+        self.guard = ServerGuard()
+        self.guard.install(r)
         self.tracer = tracer
         self.registry = registry
         self.max_waiting = max_waiting
@@ -151,6 +154,7 @@ class WorkerService:
 
     def _resync(self) -> None:
         """Announce this worker and repair what Redis lost (`worker.ledger`): at start, after outages."""
+        self.guard.open()
         run_id = server_run_id(self.redis.info("server"))
         restarted = run_id != self.run_id  # a new Redis process (or our first contact with one)
         self.registry.republish()
@@ -173,6 +177,9 @@ class WorkerService:
             self._spans(done)
         self._admit(pending=True)
         self.kv_events.emit(self.redis, self.kv_events.snapshot(self.engine))
+        if server_run_id(self.redis.info("server")) != run_id:  # restarted again meanwhile: once more
+            raise redis.ConnectionError("Redis restarted during the re-sync")
+        self.guard.accept(run_id)
         self.run_id = run_id
 
     # -- admission --------------------------------------------------------------------------------
