@@ -1,11 +1,11 @@
 """Admission: refuse what would wait too long, and queue the rest fairly across tenants.
 
-First the overload check (`gateway.overload`): a request whose estimated queue wait, or whose model's or
-tenant's queue, is over its configured bound is refused at once with 429 and a `Retry-After` from the
-measured drain rate. Then per-tenant fair queueing: when the fleet serving a model is busy, requests wait
-in the gateway in a virtual-token-counter fair queue (`policies.fairness.FairQueue`, one per base model)
-and are released in fair order as capacity frees, so one tenant's flood cannot starve the others. Below
-the busy threshold nothing waits.
+First the overload check (`gateway.overload`, with `gateway.queue_estimate`): a request whose estimated
+queue wait, or whose model's or tenant's queue, is over its configured bound is refused at once with 429
+and a `Retry-After` from the measured drain rate. Then per-tenant fair queueing: when the fleet serving a
+model is busy, requests wait in the gateway in a virtual-token-counter fair queue
+(`policies.fairness.FairQueue`, one per base model) and are released in fair order as capacity frees, so
+one tenant's flood cannot starve the others. Below the busy threshold nothing waits.
 
 A model's free room is `Σ max(0, per_worker − outstanding)` over its live workers; each tick releases at
 most that many requests (they are counted on their worker as soon as they are routed). A request that
@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from gateway.errors import APIError
 from gateway.fleet import Fleet
-from gateway.overload import DrainMeter, Limits, Load, backlog, fleet_rate, judge, retry_after
+from gateway.overload import Limits, judge, retry_after
+from gateway.queue_estimate import DrainMeter, Load, WorkerSlots, fleet_rate
 from gateway.settings import GatewaySettings
 from policies.fairness import FairQueue, token_cost
 
@@ -50,6 +51,7 @@ class FairAdmission:
         self.limits, self.clock = limits or Limits(), clock
         self.queues: dict[str, FairQueue[_Ticket]] = {}
         self.meters: dict[str, DrainMeter] = {}
+        self.slots = WorkerSlots()
         self.waited = 0
         self.rejected: Counter[str] = Counter()  # 429s by error code
         self._task: asyncio.Task[None] | None = None
@@ -80,7 +82,7 @@ class FairAdmission:
         now, meter, workers = self.clock(), self.meter(base), self.fleet.serving(base)
         queue = self.queues.get(base)
         drain = max(meter.rate(now), fleet_rate(workers, meter.tokens_per_request(now)))
-        return Load(backlog(workers), queue.queued() if queue is not None else {}, drain)
+        return Load(self.slots.backlog(workers), queue.queued() if queue is not None else {}, drain)
 
     async def admit(self, tenant: str, base: str, prompt_tokens: int, max_tokens: int) -> float:
         """Refuse (429) if over a bound; else wait for this request's fair turn if the model's workers are

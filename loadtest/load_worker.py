@@ -291,7 +291,7 @@ class LoadWorker:
                 self._wake.set()
 
     # -- heartbeat --------------------------------------------------------------------------------
-    def state(self) -> WorkerState:
+    def state(self, waiting: int = 0) -> WorkerState:
         elapsed = max(1e-9, time.monotonic() - self.stats.started)
         return WorkerState(
             worker_id=self.config.worker_id,
@@ -301,13 +301,16 @@ class LoadWorker:
             kv_blocks_free=FAKE_KV_BLOCKS,
             kv_blocks_total=FAKE_KV_BLOCKS,
             running=len(self.active),
+            waiting=waiting,
             draining=self._draining.is_set(),
             decode_tok_s=round(self.stats.tokens / elapsed, 1),
         )
 
     async def heartbeat(self) -> None:
         key = keys.worker_state(self.config.worker_id)
-        await self.redis.set(key, self.state().to_json(), ex=HEARTBEAT_TTL_S)
+        # Waiting, as a real worker reports it: requests it holds but does not run (here: still unread).
+        waiting = max(0, await self.redis.xlen(self.queue) - len(self.active))
+        await self.redis.set(key, self.state(waiting).to_json(), ex=HEARTBEAT_TTL_S)
 
     async def _heartbeat_loop(self) -> None:
         while True:

@@ -1,11 +1,10 @@
-"""The overload estimator and bounds (`gateway.overload`), table-driven, and `FairAdmission` applying them:
-over a bound a request is refused at once with 429 and a `Retry-After` from the measured drain rate; a
-light tenant is still admitted while a flooding one is refused."""
+"""The overload bounds (`gateway.overload`), table-driven, and `FairAdmission` applying them: over a
+bound a request is refused at once with 429 and a `Retry-After` from the measured drain rate; a light
+tenant is still admitted while a flooding one is refused."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 
 import pytest
@@ -14,14 +13,16 @@ import redis.asyncio as aioredis
 from gateway.admission import FairAdmission
 from gateway.errors import APIError
 from gateway.fleet import Fleet, WorkerView
-from gateway.overload import Bounds, DrainMeter, Limits, Load, backlog, fleet_rate, judge
+from gateway.overload import Bounds, Limits, judge
+from gateway.queue_estimate import Load
 from gateway.settings import GatewaySettings
 from loragate.messages import WorkerState
 
 
-def view(worker_id: str, outstanding: int, running: int, decode_tok_s: float = 0.0) -> WorkerView:
-    state = WorkerState(worker_id, "tiny", "/m", 2048, running=running, decode_tok_s=decode_tok_s)
-    return WorkerView(state, outstanding)
+def view(worker_id: str, outstanding: int, running: int, waiting: int = 0) -> WorkerView:
+    return WorkerView(
+        WorkerState(worker_id, "tiny", "/m", 2048, running=running, waiting=waiting), outstanding
+    )
 
 
 # -- judge: one named case per branch ------------------------------------------------------------------
@@ -98,61 +99,6 @@ def test_judge(limits: Limits, tenant: str, load: Load, expected: tuple[str, int
     assert error.headers["Retry-After"] == str(expected[1])
 
 
-AHEAD_CASES = [
-    ("nothing queued", Load(0, {}, 1.0), "a", 0),
-    ("the workers' backlog", Load(7, {}, 1.0), "a", 7),
-    ("own queue", Load(2, {"a": 5}, 1.0), "a", 7),
-    ("one turn of each other waiting tenant", Load(0, {"b": 9, "c": 9}, 1.0), "a", 2),
-    ("others' turns up to own queue + 1", Load(0, {"a": 3, "b": 9, "c": 2}, 1.0), "a", 3 + 4 + 2),
-]
-
-
-@pytest.mark.parametrize(
-    ("load", "tenant", "ahead"), [c[1:] for c in AHEAD_CASES], ids=[c[0] for c in AHEAD_CASES]
-)
-def test_requests_ahead(load: Load, tenant: str, ahead: int) -> None:
-    assert load.ahead(tenant) == ahead
-    n = ahead + 1
-    assert load.wait_s(tenant) == ((n + 2 * math.sqrt(n)) / load.drain_rps if ahead else 0.0)
-
-
-def test_backlog_counts_what_is_not_running() -> None:
-    assert backlog([view("w1", 10, 8), view("w2", 3, 8), view("w3", 5, 0)]) == 2 + 0 + 5
-
-
-def test_fleet_rate_from_heartbeats() -> None:
-    workers = [view("w1", 0, 0, decode_tok_s=100.0), view("w2", 0, 0, decode_tok_s=50.0)]
-    assert fleet_rate(workers, 30.0) == 5.0
-    assert fleet_rate(workers, None) == 0.0
-
-
-# -- the drain meter -------------------------------------------------------------------------------------
-def test_a_young_meter_divides_by_its_age() -> None:
-    meter = DrainMeter(now=0.0, window_s=10.0)
-    assert meter.rate(0.5) == 0.0 and meter.tokens_per_request(0.5) is None
-    for t, tokens in ((1.0, 10), (1.0, 20), (1.0, 30), (2.0, 40)):
-        meter.finished(t, tokens)
-    assert meter.rate(2.0) == 2.0
-    assert meter.tokens_per_request(2.0) == 25.0
-
-
-def test_a_full_window_and_an_idle_spell() -> None:
-    meter = DrainMeter(now=0.0, window_s=10.0)
-    for second in range(1, 31):  # 3 per second for 30 s
-        for _ in range(3):
-            meter.finished(float(second), 8)
-    assert meter.rate(30.0) == pytest.approx(3.3)  # 33 in [20, 30]
-    # Idle for a minute: the window is empty, the last measured capacity is kept (not 0 = unknown).
-    assert meter.rate(90.0) == pytest.approx(3.3)
-    assert meter.tokens_per_request(90.0) == 8.0
-
-
-def test_tokens_per_request_falls_back_to_what_was_asked() -> None:
-    meter = DrainMeter(now=0.0)
-    meter.asked(100)
-    assert meter.tokens_per_request(1.0) == 100.0
-
-
 # -- configuration ---------------------------------------------------------------------------------------
 def test_limits_from_the_gateway_settings() -> None:
     settings = GatewaySettings(
@@ -196,9 +142,11 @@ class Clock:
         return self.t
 
 
-def admission_with(outstanding: int, running: int, limits: Limits, per_worker: int = 48) -> FairAdmission:
+def admission_with(
+    outstanding: int, running: int, limits: Limits, per_worker: int = 48, waiting: int = 0
+) -> FairAdmission:
     fleet = Fleet(aioredis.Redis())  # never contacted: admission reads the snapshot only
-    fleet.workers = {"w1": view("w1", outstanding, running)}
+    fleet.workers = {"w1": view("w1", outstanding, running, waiting)}
     return FairAdmission(fleet, per_worker=per_worker, limits=limits, tick_s=0.001, clock=Clock())
 
 
@@ -214,7 +162,7 @@ def serve(admission: FairAdmission, finished: int, over_s: float) -> None:
 
 def test_over_the_wait_bound_is_refused_at_once_with_a_computed_retry_after() -> None:
     async def run() -> None:
-        admission = admission_with(outstanding=30, running=8, limits=Limits(5))  # 22 not running yet
+        admission = admission_with(outstanding=30, running=8, limits=Limits(5), waiting=8)  # 22 not running
         serve(admission, finished=20, over_s=10.0)  # 2 requests/s: (23 + 2√23) / 2 = 16.3 s of wait
         started = time.monotonic()
         with pytest.raises(APIError) as e:
@@ -230,7 +178,7 @@ def test_over_the_wait_bound_is_refused_at_once_with_a_computed_retry_after() ->
 
 def test_within_the_wait_bound_is_admitted() -> None:
     async def run() -> None:
-        admission = admission_with(outstanding=30, running=8, limits=Limits(17))
+        admission = admission_with(outstanding=30, running=8, limits=Limits(17), waiting=8)
         serve(admission, finished=20, over_s=10.0)
         await asyncio.wait_for(admission.admit("a", "tiny", 10, 10), 0.5)
         assert not admission.rejected
@@ -239,7 +187,7 @@ def test_within_the_wait_bound_is_admitted() -> None:
 
 
 def test_requests_that_never_ran_do_not_count_as_drained() -> None:
-    admission = admission_with(outstanding=30, running=8, limits=Limits(5))
+    admission = admission_with(outstanding=30, running=8, limits=Limits(5), waiting=8)
     admission.meter("tiny")
     for _ in range(20):
         admission.settle("a", "tiny", 30.0, 0, 0)  # routing or enqueue failed
@@ -269,7 +217,7 @@ def test_a_flooding_tenant_is_refused_while_a_light_one_is_admitted() -> None:
 
 def test_the_backstop_429_retry_after_comes_from_the_drain_rate() -> None:
     async def run() -> None:
-        admission = admission_with(outstanding=9, running=0, limits=Limits(0), per_worker=4)
+        admission = admission_with(outstanding=9, running=0, limits=Limits(0), per_worker=4, waiting=9)
         admission.max_wait_s = 0.05
         serve(admission, finished=4, over_s=2.0)  # 2 requests/s
         with pytest.raises(APIError) as e:

@@ -150,13 +150,14 @@ def test_max_running_leaves_the_rest_queued(redis_url: str, model_dir: Path) -> 
     async def scenario() -> None:
         async with running(redis_url, model_dir, interval_s=0.02, max_running=2) as r:
             for i in range(3):
-                await r.xadd(keys.queue("load-t"), {"m": request(f"m{i}", 15).to_json()})
+                await r.xadd(keys.queue("load-t"), {"m": request(f"m{i}", 100).to_json()})
             first = await events_of(r, "m0", lambda ev: len(ev) >= 3)
             assert first and not await r.exists(keys.output("m2"))  # not started while two run
+            await asyncio.sleep(1.1)  # the next heartbeat
             state = WorkerState.from_json(await r.get(keys.worker_state("load-t")))
-            assert state.running <= 2
+            assert (state.running, state.waiting) == (2, 1)
             events = await events_of(r, "m2", ended)
-            assert events[-1].completion_tokens == 15
+            assert events[-1].completion_tokens == 100
             assert await queue_is_empty(r)
 
     run(scenario)
