@@ -235,7 +235,8 @@ def _paths() -> dict[str, Any]:
             "parameters": {"decision_id": "$response.header.x-loragate-decision"},
         }
     }
-    stream = {"text/event-stream": {"schema": {"type": "string"}}}
+    event = _obj({"data": {"type": "string"}, "event": {"type": "string"}}, ["data"])  # one server-sent event
+    stream = {"text/event-stream": {"schema": event}}
     return {
         "/health": {
             "get": _op(
