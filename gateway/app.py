@@ -56,7 +56,9 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return APIError(exc.status_code, str(exc.detail) or "Request failed.").response()
+    return APIError(
+        exc.status_code, str(exc.detail) or "Request failed.", headers=dict(exc.headers or {})
+    ).response()
 
 
 async def _redis_error(request: Request, exc: Exception) -> Response:

@@ -52,7 +52,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                         431,
                         f"Request headers longer than {self.max_header_bytes} bytes.",
                         code="headers_too_large",
-                        type_="invalid_request_error",
                     )
                 )
 

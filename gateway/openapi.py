@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gateway.protocol import SEED_MAX, SEED_MIN
+from gateway.openapi_schemas import NAME, json_response, obj, ref, schemas
 
-INT32 = 2**31 - 1
-NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
 _ERRORS = {
     400: "Invalid request: `param` names the offending field.",
     401: "Missing or invalid bearer token.",
@@ -26,18 +24,6 @@ _ERRORS = {
     503: "No worker for the model, or the request queue (Redis) is unavailable: retry after `Retry-After`.",
     504: "The model's output did not come in time.",
 }
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _obj(props: dict[str, Any], required: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": list(required), **extra}
-
-
-def _json(schema: dict[str, Any], description: str = "OK", **extra: Any) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}, **extra}
 
 
 def _op(
@@ -66,144 +52,6 @@ def _path_params(*names: str) -> list[dict[str, Any]]:
     return [{"name": n, "in": "path", "required": True, "schema": NAME} for n in names]
 
 
-def _request_schemas(models: list[str]) -> dict[str, Any]:
-    model = {"type": "string", "minLength": 1, "examples": models or ["tiny"]}
-    common = {
-        "model": model,
-        "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT32},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "top_k": {"type": "integer", "minimum": 0, "maximum": INT32},
-        "seed": {"type": "integer", "minimum": SEED_MIN, "maximum": SEED_MAX},
-        "stop": {
-            "anyOf": [
-                {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
-                {"type": "null"},
-            ]
-        },
-        "stream": {"type": "boolean"},
-        "stream_options": {"anyOf": [_obj({"include_usage": {"type": "boolean"}}), {"type": "null"}]},
-        "n": {"const": 1},
-        "presence_penalty": {"const": 0},
-        "frequency_penalty": {"const": 0},
-        "user": {"type": "string"},
-        "ignore_eos": {"type": "boolean", "description": "Not OpenAI's: generate past the end token."},
-    }
-    tokens = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    text_part = _obj({"type": {"const": "text"}, "text": {"type": "string"}}, ["type", "text"])
-    message = _obj(
-        {
-            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
-        },
-        ["role", "content"],
-    )
-    prompt = {
-        "anyOf": [
-            {"type": "string", "minLength": 1},
-            tokens,
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
-            {"type": "array", "items": tokens, "minItems": 1, "maxItems": 1},
-        ]
-    }
-    usage = _obj(
-        {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
-        ["prompt_tokens", "completion_tokens", "total_tokens"],
-    )
-    choice = {"type": "object", "required": ["index", "finish_reason"]}
-    return {
-        "CompletionRequest": _obj({**common, "prompt": prompt}, ["model", "prompt"]),
-        "ChatCompletionRequest": _obj(
-            {
-                **common,
-                "messages": {"type": "array", "items": message, "minItems": 1},
-                "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": INT32},
-            },
-            ["model", "messages"],
-        ),
-        "Completion": _obj(
-            {
-                "id": {"type": "string"},
-                "object": {"const": "text_completion"},
-                "model": {"type": "string"},
-                "choices": {"type": "array", "items": choice},
-                "usage": usage,
-            },
-            ["id", "object", "model", "choices"],
-        ),
-        "ChatCompletion": _obj(
-            {
-                "id": {"type": "string"},
-                "object": {"const": "chat.completion"},
-                "model": {"type": "string"},
-                "choices": {"type": "array", "items": choice},
-                "usage": usage,
-            },
-            ["id", "object", "model", "choices"],
-        ),
-    }
-
-
-def _schemas(models: list[str]) -> dict[str, Any]:
-    error = _obj(
-        {
-            "error": _obj(
-                {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
-                    "param": {"type": ["string", "null"]},
-                    "code": {"type": ["string", "null"]},
-                },
-                ["message", "type", "param", "code"],
-            )
-        },
-        ["error"],
-    )
-    adapter = _obj(
-        {
-            "name": NAME,
-            "base": NAME,
-            "path": {"type": "string"},
-            "tenants": {"type": "array"},
-            "pinned": {"type": "boolean"},
-        },
-        ["name", "base", "path", "tenants", "pinned"],
-    )
-    return {
-        "Error": error,
-        **_request_schemas(models),
-        "ModelList": _obj({"object": {"const": "list"}, "data": {"type": "array"}}, ["object", "data"]),
-        "Health": _obj(
-            {
-                "status": {"enum": ["ok", "unavailable"]},
-                "workers": {"type": "integer"},
-                "models": {"type": "array", "items": {"type": "string"}},
-            },
-            ["status", "workers", "models"],
-        ),
-        "Adapter": adapter,
-        "AdapterRegistration": _obj(
-            {
-                "path": {"type": "string", "minLength": 1},
-                "tenants": {"type": "array", "items": {"type": "string", "minLength": 1}},
-                "pinned": {"type": "boolean"},
-            },
-            ["path"],
-        ),
-        "Pin": _obj({"pinned": {"type": "boolean"}}),
-        "KeyRequest": _obj({"tenant": NAME}, ["tenant"]),
-        "Key": _obj(
-            {"key": {"type": "string"}, "key_id": {"type": "string"}, "tenant": {"type": "string"}},
-            ["key", "key_id", "tenant"],
-        ),
-        "PolicyDocument": {"type": "object", "description": "A routing policy (policies/document.py)."},
-        "PolicyVersion": _obj({"version": {"type": "integer"}}, ["version"]),
-        "Rollback": _obj({"version": {"type": "integer"}}, ["version"]),
-        "AnyObject": {"type": "object"},
-    }
-
-
 def _admin(
     op_id: str, summary: str, ok: dict[int, dict[str, Any]], errors: Iterable[int] = (), **kw: Any
 ) -> dict[str, Any]:
@@ -211,10 +59,10 @@ def _admin(
 
 
 def _paths() -> dict[str, Any]:
-    any_ok = {200: _json(_ref("AnyObject"))}
+    any_ok = {200: json_response(ref("AnyObject"))}
     no_content = {204: {"description": "Done."}}
     policy_body = {
-        "application/json": {"schema": _ref("PolicyDocument")},
+        "application/json": {"schema": ref("PolicyDocument")},
         "application/yaml": {"schema": {"type": "string"}},
     }
     gen_errors = {401, 403, 404, 429, 503, 504}
@@ -235,14 +83,14 @@ def _paths() -> dict[str, Any]:
             "parameters": {"decision_id": "$response.header.x-loragate-decision"},
         }
     }
-    event = _obj({"data": {"type": "string"}, "event": {"type": "string"}}, ["data"])  # one server-sent event
+    event = obj({"data": {"type": "string"}, "event": {"type": "string"}}, ["data"])  # one server-sent event
     stream = {"text/event-stream": {"schema": event}}
     return {
         "/health": {
             "get": _op(
                 "health",
                 "Liveness: 200 while a worker serves, else 503.",
-                {200: _json(_ref("Health"))},
+                {200: json_response(ref("Health"))},
                 {503},
                 None,
             )
@@ -261,7 +109,7 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "listModels",
                 "Base models and the adapters the key may use.",
-                {200: _json(_ref("ModelList"))},
+                {200: json_response(ref("ModelList"))},
                 {401, 503},
                 "apiKey",
             )
@@ -274,12 +122,12 @@ def _paths() -> dict[str, Any]:
                     200: {
                         "description": "OK",
                         "links": decision_link,
-                        "content": {"application/json": {"schema": _ref("Completion")}, **stream},
+                        "content": {"application/json": {"schema": ref("Completion")}, **stream},
                     }
                 },
                 gen_errors,
                 "apiKey",
-                body={"application/json": {"schema": _ref("CompletionRequest")}},
+                body={"application/json": {"schema": ref("CompletionRequest")}},
             )
         },
         "/v1/chat/completions": {
@@ -290,12 +138,12 @@ def _paths() -> dict[str, Any]:
                     200: {
                         "description": "OK",
                         "links": decision_link,
-                        "content": {"application/json": {"schema": _ref("ChatCompletion")}, **stream},
+                        "content": {"application/json": {"schema": ref("ChatCompletion")}, **stream},
                     }
                 },
                 gen_errors,
                 "apiKey",
-                body={"application/json": {"schema": _ref("ChatCompletionRequest")}},
+                body={"application/json": {"schema": ref("ChatCompletionRequest")}},
             )
         },
         "/admin/workers": {"get": _admin("listWorkers", "The fleet's workers and their queues.", any_ok)},
@@ -304,8 +152,8 @@ def _paths() -> dict[str, Any]:
             "put": _admin(
                 "putAdapter",
                 "Register an adapter directory (under `adapter_roots`).",
-                {201: _json(_ref("Adapter"), "Registered.", links=adapter_links)},
-                body={"application/json": {"schema": _ref("AdapterRegistration")}},
+                {201: json_response(ref("Adapter"), "Registered.", links=adapter_links)},
+                body={"application/json": {"schema": ref("AdapterRegistration")}},
                 params=adapter_params,
             ),
             "delete": _admin(
@@ -316,9 +164,9 @@ def _paths() -> dict[str, Any]:
             "post": _admin(
                 "pinAdapter",
                 "Keep an adapter resident on its workers (or not).",
-                {200: _json(_ref("Adapter"))},
+                {200: json_response(ref("Adapter"))},
                 {404},
-                body={"application/json": {"schema": _ref("Pin")}},
+                body={"application/json": {"schema": ref("Pin")}},
                 params=adapter_params,
             )
         },
@@ -327,8 +175,8 @@ def _paths() -> dict[str, Any]:
                 "createKey",
                 "A new API key for a tenant (shown once).",
                 {
-                    201: _json(
-                        _ref("Key"),
+                    201: json_response(
+                        ref("Key"),
                         "Created.",
                         links={
                             "DeleteKey": {
@@ -338,7 +186,7 @@ def _paths() -> dict[str, Any]:
                         },
                     )
                 },
-                body={"application/json": {"schema": _ref("KeyRequest")}},
+                body={"application/json": {"schema": ref("KeyRequest")}},
             ),
             "get": _admin("listKeys", "Key ids and tenants.", any_ok),
         },
@@ -357,8 +205,8 @@ def _paths() -> dict[str, Any]:
                 "putPolicy",
                 "Replace the routing policy (validated; a new version).",
                 {
-                    201: _json(
-                        _ref("PolicyVersion"),
+                    201: json_response(
+                        ref("PolicyVersion"),
                         "Applied.",
                         links={
                             "Rollback": {
@@ -377,9 +225,9 @@ def _paths() -> dict[str, Any]:
             "post": _admin(
                 "rollbackPolicy",
                 "Make an earlier version active again.",
-                {201: _json(_ref("AnyObject"), "Done.")},
+                {201: json_response(ref("AnyObject"), "Done.")},
                 {404},
-                body={"application/json": {"schema": _ref("Rollback")}},
+                body={"application/json": {"schema": ref("Rollback")}},
             )
         },
         "/admin/policy/shadow": {
@@ -387,7 +235,7 @@ def _paths() -> dict[str, Any]:
             "put": _admin(
                 "putShadow",
                 "Evaluate a policy in the shadow of the active one.",
-                {201: _json(_ref("AnyObject"), "Set.")},
+                {201: json_response(ref("AnyObject"), "Set.")},
                 body=policy_body,
             ),
             "delete": _admin("deleteShadow", "Stop shadowing.", no_content),
@@ -409,10 +257,8 @@ def _paths() -> dict[str, Any]:
 
 def document(models: Iterable[str] = ()) -> dict[str, Any]:
     """The description; `models` (the live ones) become the examples of every `model` field."""
-    responses = {
-        f"E{code}": _json(_ref("Error"), text)
-        for code, text in {**_ERRORS, 405: "Method not allowed."}.items()
-    }
+    errors = {**_ERRORS, 405: "Method not allowed."}
+    responses = {f"E{code}": json_response(ref("Error"), text) for code, text in errors.items()}
     for code in (429, 503):
         responses[f"E{code}"]["headers"] = {"Retry-After": {"schema": {"type": "string"}}}
     return {
@@ -425,7 +271,7 @@ def document(models: Iterable[str] = ()) -> dict[str, Any]:
         },
         "paths": _paths(),
         "components": {
-            "schemas": _schemas(sorted(models)),
+            "schemas": schemas(sorted(models)),
             "responses": responses,
             "securitySchemes": {
                 "apiKey": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},

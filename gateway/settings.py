@@ -6,6 +6,8 @@ api_keys: {sk-dev-123: dev}       # API key -> tenant (more can be added at runt
 adapter_roots: [/models/adapters] # registered adapter paths must lie under one of these
 request_timeout_s: 600
 redis_timeout_s: 5                # a request that waits longer for Redis gets a 503
+body_timeout_s: 30                # a request body must arrive within this, else 408
+header_timeout_s: 10              # the request line and headers must arrive within this, else 408
 fair_admission_per_worker: 48     # beyond this many outstanding per worker, tenants queue fairly
 # Overload (gateway/overload.py): refuse at once with 429 + Retry-After what would wait too long.
 admission_wait_bound_s: 10        # estimated queue wait (requests ahead / measured drain rate); 0 = off

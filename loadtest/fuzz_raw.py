@@ -19,11 +19,15 @@ from loadtest.fuzz_api import Target, costly_budget
 from loadtest.fuzz_tally import Tally
 
 # fmt: off
-PATHS = [
-    "/health", "/metrics", "/openapi.json", "/v1/models", "/v1/completions", "/v1/chat/completions",
-    "/admin/workers", "/admin/adapters", "/admin/adapters/tiny/x", "/admin/adapters/tiny/x/pin",
-    "/admin/keys", "/admin/keys/0123456789", "/admin/policy", "/admin/policy/history",
-    "/admin/policy/rollback", "/admin/policy/shadow", "/admin/policy/stats", "/admin/decisions/d-1",
+ROUTES = [  # the real ones (a random method and path are drawn too)
+    ("GET", "/health"), ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/v1/models"),
+    ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/admin/workers"),
+    ("GET", "/admin/adapters"), ("PUT", "/admin/adapters/tiny/x"), ("DELETE", "/admin/adapters/tiny/x"),
+    ("POST", "/admin/adapters/tiny/x/pin"), ("POST", "/admin/keys"), ("GET", "/admin/keys"),
+    ("DELETE", "/admin/keys/0123456789"), ("GET", "/admin/policy"), ("PUT", "/admin/policy"),
+    ("GET", "/admin/policy/history"), ("POST", "/admin/policy/rollback"), ("GET", "/admin/policy/shadow"),
+    ("PUT", "/admin/policy/shadow"), ("DELETE", "/admin/policy/shadow"), ("GET", "/admin/policy/stats"),
+    ("GET", "/admin/decisions/d-1"),
 ]
 # fmt: on
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
@@ -84,12 +88,17 @@ header_value = st.binary(max_size=60).map(lambda b: b.replace(b"\r", b"").replac
 
 @st.composite
 def raw_requests(draw: st.DrawFn, target: Target, models: list[str]) -> tuple[str, bytes]:
-    method = draw(st.sampled_from(METHODS))
-    path = draw(
-        st.sampled_from(PATHS) | st.text(alphabet="/abcdv1%0?&=.-_", max_size=40).map(lambda p: "/" + p)
-    )
+    if draw(st.integers(0, 3)):
+        method, path = draw(st.sampled_from(ROUTES))
+    else:
+        method = draw(st.sampled_from(METHODS))
+        path = draw(
+            st.sampled_from([p for _, p in ROUTES])
+            | st.text(alphabet="/abcdv1%0?&=.-_", max_size=40).map(lambda p: "/" + p)
+        )
+    right = target.admin_token if path.startswith("/admin") else target.api_key
     token = draw(
-        st.sampled_from([target.api_key, target.admin_token]).map(str.encode)
+        st.sampled_from([right.encode()] * 4 + [target.api_key.encode(), target.admin_token.encode()])
         | st.binary(max_size=40).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))
     )
     body = draw(bodies(models)) if draw(st.integers(0, 9)) else b""

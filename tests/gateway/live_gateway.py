@@ -88,4 +88,4 @@ def error_of(body: bytes) -> dict[str, Any]:
     """The OpenAI-style error object in `body`, asserting its shape."""
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
-    return error  # type: ignore[no-any-return]
+    return error

@@ -105,6 +105,15 @@ def test_a_trickled_body_gets_408_and_the_connection_is_closed(
         assert closed_by_server(sock)
 
 
+def test_a_route_that_ignores_its_body_answers_then_closes_the_connection(url: str) -> None:
+    with connect(url, timeout=5) as sock:
+        sock.sendall(head("GET", "/health", KEY, 1000) + b"x" * 10)  # and the rest never comes
+        status, _, _ = read_response(sock)
+        assert status in (200, 503)  # no worker in this test: 503 is /health's answer
+        sock.settimeout(3)
+        assert closed_by_server(sock)  # it could not carry another request: the trickler is let go
+
+
 @pytest.mark.parametrize(("method", "path", "token"), BODY_ROUTES)
 def test_a_body_announced_too_large_is_refused_before_it_is_sent(
     url: str, method: str, path: str, token: str
