@@ -118,7 +118,7 @@ class PolicyHolder(Generic[P]):
             self.shadow = self.parse(shadow) if shadow is not None else None
 
     async def start(self) -> None:
-        await self.reload()
+        await self._safe_reload()  # Redis down: the default policy until it is back
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
 
     async def stop(self) -> None:

@@ -36,7 +36,7 @@ from redis.asyncio.client import Pipeline
 
 from loragate import keys
 from loragate.messages import OutputEvent
-from loragate.redis_retry import RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
+from loragate.redis_retry import OUTAGE_ERRORS, RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
 from loragate.redis_url import connect_async_single
 
 log = logging.getLogger("loragate.gateway")
@@ -126,7 +126,8 @@ class OutputMux:
         self.lost = 0  # waiting requests failed because a restarted Redis had lost them
 
     async def start(self) -> None:
-        await self._reconnected()
+        with contextlib.suppress(*OUTAGE_ERRORS):  # Redis down: the loop connects once it is back
+            await self._reconnected()
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
@@ -35,6 +36,10 @@ def retry_once() -> Retry:
     return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), 1)
 
 
+def async_retry_once() -> AsyncRetry:
+    return AsyncRetry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), 1)
+
+
 def connect_sync(url: str | None, socket_timeout: float = 10.0) -> redis.Redis:
     """A blocking client (the worker's). Its reads are short (`BLOCK` ≤ 100 ms), so a socket timeout bounds
     how long a server that stopped answering (without closing the connection) can hold a thread."""
@@ -51,7 +56,7 @@ def async_options(url: str) -> dict[str, Any]:
     request. Callers bound the waits that matter themselves (the gateway: `redis_timeout_s`), blocking
     reads end by their own BLOCK time, and over TCP keepalive probes notice a server that vanished.
     """
-    options: dict[str, Any] = {"socket_timeout": None, "retry": retry_once()}
+    options: dict[str, Any] = {"socket_timeout": None, "retry": async_retry_once()}
     if not url.startswith("unix://"):
         options |= {"socket_keepalive": True, "socket_keepalive_options": _KEEPALIVE}
     return options
@@ -70,5 +75,5 @@ def connect_async(url: str | None, max_connections: int = 64, wait_s: float = 30
 def connect_async_single(url: str) -> aioredis.Redis:
     """A client on one dedicated connection (a blocking reader). It does not retry: its owner must see
     every reconnect, since the connection's `CLIENT ID` (and perhaps the server) changes with it."""
-    options = async_options(url) | {"retry": Retry(NoBackoff(), 0)}
+    options = async_options(url) | {"retry": AsyncRetry(NoBackoff(), 0)}
     return aioredis.Redis.from_url(url, single_connection_client=True, **options)

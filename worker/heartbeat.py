@@ -23,6 +23,7 @@ import redis
 from loragate import keys
 from loragate.messages import WorkerState
 from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog
+from worker.engine import LLMEngine
 
 log = logging.getLogger("loragate.worker")
 
@@ -126,3 +127,31 @@ class DecodeRate:
         self._steps = [(t, n) for t, n in self._steps if now - t < self.window_s]
         span = now - self._steps[0][0] if len(self._steps) > 1 else 0.0
         return sum(n for _, n in self._steps) / span if span > 0 else 0.0
+
+
+def engine_state(
+    engine: LLMEngine,
+    worker_id: str,
+    model: str,
+    pinned: set[str],
+    draining: bool,
+    decode_tok_s: float,
+) -> WorkerState:
+    """The heartbeat's content: what the engine serves and how loaded it is (read on the engine's thread)."""
+    return WorkerState(
+        worker_id=worker_id,
+        model=model,
+        model_dir=str(engine.model_dir),
+        max_model_len=engine.max_model_len,
+        adapters_device=tuple(engine.adapters.device_lru),
+        adapters_host=tuple(engine.adapters.host),
+        pinned=tuple(sorted(pinned)),
+        kv_blocks_free=engine.blocks.num_free_blocks,
+        kv_blocks_total=engine.blocks.num_blocks,
+        block_size=engine.config.block_size,
+        running=len(engine.scheduler.running),
+        waiting=len(engine.scheduler.waiting),
+        max_adapters=engine.config.max_loras,
+        draining=draining,
+        decode_tok_s=round(decode_tok_s, 1),
+    )

@@ -14,8 +14,9 @@ has finished and been acknowledged (and `RECENT_S` longer), so what Redis loses 
 When a command fails for want of Redis, stepping pauses (running sequences keep their KV cache), the
 loop retries with backoff and jitter, and on reconnect `_resync` — the same path a fresh start takes —
 re-announces the worker (adapters, heartbeat, consumer group, cancel subscription, prefix-cache contents)
-and repairs what the server lost (see `worker.resync`): queue entries of running requests, and the
-missing tail of each output stream, never more, so a client's stream neither repeats nor skips.
+and repairs what the server lost (see `worker.ledger`): queue entries of running requests, and the
+missing tail of each output stream, never more, so a client's stream neither repeats nor skips. Until
+then a guard (`loragate.redis_retry.ServerGuard`) keeps every command off a Redis that restarted.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_
 from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog, ServerGuard, server_run_id
 from loragate.types import Request, RequestOutput
 from worker.engine import LLMEngine
-from worker.heartbeat import DecodeRate, Heartbeat
+from worker.heartbeat import DecodeRate, Heartbeat, engine_state
 from worker.kv_events import KVEventLog
 from worker.ledger import OUTPUT_TTL_S, Held, Ledger, read_entries
 from worker.lora import AdapterError
@@ -328,23 +329,13 @@ class WorkerService:
 
     # -- state, for the heartbeat -----------------------------------------------------------------
     def state(self) -> WorkerState:
-        e = self.engine
-        return WorkerState(
-            worker_id=self.worker_id,
-            model=self.model_name,
-            model_dir=str(e.model_dir),
-            max_model_len=e.max_model_len,
-            adapters_device=tuple(e.adapters.device_lru),
-            adapters_host=tuple(e.adapters.host),
-            pinned=tuple(sorted(self.registry.pinned)),
-            kv_blocks_free=e.blocks.num_free_blocks,
-            kv_blocks_total=e.blocks.num_blocks,
-            block_size=e.config.block_size,
-            running=len(e.scheduler.running),
-            waiting=len(e.scheduler.waiting),
-            max_adapters=e.config.max_loras,
+        return engine_state(
+            self.engine,
+            self.worker_id,
+            self.model_name,
+            pinned=self.registry.pinned,
             draining=self.draining.is_set(),
-            decode_tok_s=round(self._decode_rate.per_s(), 1),
+            decode_tok_s=self._decode_rate.per_s(),
         )
 
     def _publish_state(self) -> None:
