@@ -218,6 +218,9 @@ def test_queued_requests_are_served_if_redis_kept_them_else_fail_at_once(
         expected = references(stack.url, 3)
         worker = stack.workers["w1"]
         os.kill(worker.pid, signal.SIGSTOP)
+        # A read the worker had blocked in Redis before it stopped could still take a request (the server
+        # answers it into the socket): let it time out first (BLOCK 100 ms); the heartbeat lives 3 s.
+        time.sleep(0.3)
         try:
             with concurrent.futures.ThreadPoolExecutor(3) as pool:
                 replies = [pool.submit(complete, stack.url, body(i), 120) for i in range(3)]
