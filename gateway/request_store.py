@@ -1,9 +1,9 @@
 """A request's identity and record in Redis: who owns an id, enqueue once, cancel, continue.
 
-Ids are scoped to tenants: the id a client sends (`X-Request-Id`) or is given names, inside loragate, the
-request `scoped_id(tenant, id)`, which every Redis key, cancel message and the worker use. Two tenants
-that send the same id get two independent requests; no key can read, attach to or cancel another
-tenant's request, whatever id it sends.
+Ids are scoped to tenants: the id a client sends (`X-Request-Id`) or is given names, inside loragate,
+the request `keys.scoped_request_id(tenant, id)`, which every Redis key, cancel message and the worker
+use. Two tenants that send the same id get two independent requests; no key can read, attach to or
+cancel another tenant's request, whatever id it sends.
 
 Every queued request has a record `lg:req:{id}` (a fingerprint of what was asked, and where its queue
 entry is) written with its queue entry by one script, only if neither it nor the request's output stream
@@ -72,12 +72,6 @@ return entry
 """
 
 ABORTED = OutputEvent(finish_reason="abort").to_json()  # what the worker would have written
-
-
-def scoped_id(tenant: str, client_id: str) -> str:
-    """The request id inside loragate: the client's id in its tenant's namespace (`/` never occurs in
-    a client id, so no id can reach into another namespace)."""
-    return f"{hashlib.sha256(tenant.encode()).hexdigest()[:24]}/{client_id}"
 
 
 def fingerprint(msg: QueuedRequest) -> str:

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.errors import APIError
-from gateway.request_store import RequestStore, fingerprint, scoped_id
+from gateway.request_store import RequestStore, fingerprint
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import SamplingParams
@@ -43,15 +43,16 @@ async def enqueue(r: aioredis.Redis, store: RequestStore, msg: QueuedRequest) ->
 
 
 def test_the_same_client_id_of_two_tenants_names_two_requests() -> None:
-    assert scoped_id("alice", "req-00000001") != scoped_id("bob", "req-00000001")
-    assert scoped_id("alice", "req-00000001") == scoped_id("alice", "req-00000001")
-    # A client id cannot reach into another namespace: `/` is not allowed in one.
-    assert scoped_id("alice", "x").split("/", 1)[1] == "x"
+    alice, bob = keys.scoped_request_id("alice", "req-0001"), keys.scoped_request_id("bob", "req-0001")
+    assert alice != bob and alice == keys.scoped_request_id("alice", "req-0001")
+    assert keys.client_request_id(alice) == keys.client_request_id(bob) == "req-0001"
+    # Tenant names are hashed: "a" + "b/x" and "a/b" + "x" cannot meet (`/` is not allowed in a client id).
+    assert keys.scoped_request_id("a", "b/x") != keys.scoped_request_id("a/b", "x")
 
 
 def test_a_request_is_queued_once_and_a_retry_must_ask_the_same(redis_url: str) -> None:
     async def body(r: aioredis.Redis, store: RequestStore) -> None:
-        msg = message(scoped_id("alice", "once-0001"))
+        msg = message(keys.scoped_request_id("alice", "once-0001"))
         assert not await store.exists(msg.request_id, fingerprint(msg))
         assert await enqueue(r, store, msg) is not None
         assert await enqueue(r, store, msg) is None  # the second try attaches, no second copy
@@ -68,7 +69,7 @@ def test_a_request_is_queued_once_and_a_retry_must_ask_the_same(redis_url: str) 
 
 def test_cancel_drops_an_entry_no_worker_has_read_and_writes_its_abort(redis_url: str) -> None:
     async def body(r: aioredis.Redis, store: RequestStore) -> None:
-        msg = message(scoped_id("alice", "queued-0001"))
+        msg = message(keys.scoped_request_id("alice", "queued-0001"))
         await enqueue(r, store, msg)
         assert await store.cancel(msg.request_id) is True
         assert await r.xlen(keys.queue(WORKER)) == 0  # no worker will ever read it
@@ -80,7 +81,7 @@ def test_cancel_drops_an_entry_no_worker_has_read_and_writes_its_abort(redis_url
 
 def test_cancel_of_an_entry_a_worker_has_read_goes_to_the_worker(redis_url: str) -> None:
     async def body(r: aioredis.Redis, store: RequestStore) -> None:
-        msg = message(scoped_id("alice", "running-0001"))
+        msg = message(keys.scoped_request_id("alice", "running-0001"))
         await enqueue(r, store, msg)
         await r.xreadgroup(keys.WORKER_GROUP, WORKER, {keys.queue(WORKER): ">"})  # the worker has it
         pubsub = r.pubsub()
@@ -101,16 +102,17 @@ def test_cancel_of_an_entry_a_worker_has_read_goes_to_the_worker(redis_url: str)
 
 def test_an_aborted_request_is_queued_again_once(redis_url: str) -> None:
     async def body(r: aioredis.Redis, store: RequestStore) -> None:
-        msg = message(scoped_id("alice", "revive-0001"))
+        msg = message(keys.scoped_request_id("alice", "revive-0001"))
         await enqueue(r, store, msg)
         await store.cancel(msg.request_id)
         ((abort_id, _),) = await r.xrange(keys.output(msg.request_id))
         fp = fingerprint(msg)
         again = replace(msg, attempt=1)
-        results = await asyncio.gather(*(store.revive(abort_id.decode(), again, fp, WORKER) for _ in range(5)))
+        tries = (store.revive(abort_id.decode(), again, fp, WORKER) for _ in range(5))
+        results = await asyncio.gather(*tries)
         assert sum(entry is not None for entry in results) == 1  # five handlers saw the abort; one queues
         assert await r.xlen(keys.output(msg.request_id)) == 0  # the abort event is gone
-        ((entry_id, fields),) = await r.xrange(keys.queue(WORKER))
+        ((_, fields),) = await r.xrange(keys.queue(WORKER))
         assert QueuedRequest.from_json(fields[b"m"]).attempt == 1
         # The record points at the new entry: a cancel now drops that one.
         assert await store.cancel(msg.request_id) is True
