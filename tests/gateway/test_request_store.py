@@ -11,9 +11,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.errors import APIError
+from gateway.fleet import Fleet
+from gateway.reaper import Reaper
 from gateway.request_store import RequestStore, fingerprint
 from loragate import keys
-from loragate.messages import OutputEvent, QueuedRequest
+from loragate.messages import OutputEvent, QueuedRequest, WorkerState
 from loragate.types import SamplingParams
 
 WORKER = "w-store"
@@ -119,5 +121,42 @@ def test_an_aborted_request_is_queued_again_once(redis_url: str) -> None:
         assert await r.xlen(keys.queue(WORKER)) == 0
         # A stale abort id (not the stream's last entry any more) queues nothing.
         assert await store.revive(abort_id.decode(), again, fp, WORKER) is None
+
+    run(redis_url, body)
+
+
+def test_a_request_that_ended_and_whose_output_expired_can_be_made_anew(redis_url: str) -> None:
+    async def body(r: aioredis.Redis, store: RequestStore) -> None:
+        msg = message(keys.scoped_request_id("alice", "expired-0001"))
+        await enqueue(r, store, msg)
+        ((entry, _),) = await r.xrange(keys.queue(WORKER))
+        assert await store.exists(msg.request_id, fingerprint(msg))  # queued: live, though no output yet
+        await r.xdel(keys.queue(WORKER), entry)  # what its worker does when it ends
+        await r.xadd(keys.output(msg.request_id), {"e": OutputEvent(finish_reason="length").to_json()})
+        assert await store.exists(msg.request_id, fingerprint(msg))  # ended: its output is relayed again
+        await r.delete(keys.output(msg.request_id))  # the output expired; the record outlives it
+        other = replace(msg, prompt_token_ids=(7, 7))
+        assert not await store.exists(msg.request_id, fingerprint(other))  # a new request, no 409
+        assert await enqueue(r, store, other) is not None
+
+    run(redis_url, body)
+
+
+def test_the_reaper_points_the_record_at_the_entry_it_moved(redis_url: str) -> None:
+    async def body(r: aioredis.Redis, store: RequestStore) -> None:
+        msg = message(keys.scoped_request_id("alice", "moved-0001"))
+        await enqueue(r, store, msg)  # on WORKER, which has no heartbeat: dead
+        live = WorkerState("w-live", "tiny", "/m", 2048)
+        await r.set(keys.worker_state("w-live"), live.to_json(), ex=30)
+        await r.xgroup_create(keys.queue("w-live"), keys.WORKER_GROUP, id="0", mkstream=True)
+        fleet = Fleet(r)
+        assert await Reaper(r, fleet, "reaper-test").sweep() == 1
+        assert await r.xlen(keys.queue(WORKER)) == 0 and await r.xlen(keys.queue("w-live")) == 1
+        record = await r.hgetall(keys.request_record(msg.request_id))
+        assert record[b"queue"].decode() == keys.queue("w-live")
+        assert await store.exists(msg.request_id, fingerprint(msg))  # a retry attaches to the moved entry
+        assert await enqueue(r, store, msg) is None
+        assert await store.cancel(msg.request_id) is True  # and a cancel drops it from its new queue
+        assert await r.xlen(keys.queue("w-live")) == 0
 
     run(redis_url, body)
