@@ -36,7 +36,7 @@ from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request, queue_unavailable
 from gateway.reaper import least_loaded
 from gateway.relay import ClientGone, EventChannel
-from gateway.request_store import RequestStore, fingerprint, scoped_id
+from gateway.request_store import RequestStore, fingerprint
 from gateway.routing import AliasChoice, decision_attributes, route_request
 from gateway.sse import EventStreamResponse
 from loragate import keys
@@ -160,7 +160,7 @@ class OpenAIRoutes:
                 }
             )
         rid = self._request_id(request, chat)  # the client's; inside loragate the tenant-scoped `qid`
-        qid = scoped_id(tenant, rid)
+        qid = keys.scoped_request_id(tenant, rid)
         adapter_key = target.adapter.key if target.adapter else None
         headers = {"x-request-id": rid}
         routed_to: str | None = None

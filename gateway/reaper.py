@@ -23,6 +23,7 @@ import logging
 import redis.asyncio as aioredis
 
 from gateway.fleet import Fleet, WorkerView
+from gateway.request_store import note_moved
 from loragate import keys
 from loragate.messages import QueuedRequest, streamed_so_far
 from loragate.redis_retry import Backoff, OutageLog, is_outage
@@ -122,7 +123,9 @@ class Reaper:
             if worker is None:
                 return False  # no live worker for this model yet: retry next pass
             moved = dataclasses.replace(msg, attempt=msg.attempt + 1, resume_token_ids=tuple(streamed))
-            await self.redis.xadd(keys.queue(worker.state.worker_id), {"m": moved.to_json()})
+            target = keys.queue(worker.state.worker_id)
+            entry = await self.redis.xadd(target, {"m": moved.to_json()})
+            await note_moved(self.redis, msg.request_id, target, entry)  # before the old one goes
             self.fleet.note_enqueued(worker.state.worker_id)
             log.info(
                 "re-routed %s from %s to %s after %d tokens",

@@ -1,15 +1,16 @@
 """A request's identity and record in Redis: who owns an id, enqueue once, cancel, continue.
 
-Ids are scoped to tenants: the id a client sends (`X-Request-Id`) or is given names, inside loragate, the
-request `scoped_id(tenant, id)`, which every Redis key, cancel message and the worker use. Two tenants
-that send the same id get two independent requests; no key can read, attach to or cancel another
-tenant's request, whatever id it sends.
+Ids are scoped to tenants: the id a client sends (`X-Request-Id`) or is given names, inside loragate,
+the request `keys.scoped_request_id(tenant, id)`, which every Redis key, cancel message and the worker
+use. Two tenants that send the same id get two independent requests; no key can read, attach to or
+cancel another tenant's request, whatever id it sends.
 
 Every queued request has a record `lg:req:{id}` (a fingerprint of what was asked, and where its queue
-entry is) written with its queue entry by one script, only if neither it nor the request's output stream
-exists: a retry that arrives while its first try is still queued attaches to it instead of queueing a
-second copy (which would fail with "request id already in use" or interleave two generations). Two more
-scripts change a request atomically, so any number of gateways and handlers may race on it:
+entry is) written with its queue entry by one script, only if the request is not live already (its
+output stream or its queue entry exists): a retry that arrives while its first try is still queued
+attaches to it instead of queueing a second copy (which would fail with "request id already in use" or
+interleave two generations). Two more scripts change a request atomically, so any number of gateways
+and handlers may race on it:
 
 - `cancel`: a queue entry that no worker has read yet is deleted, and the `abort` event written in the
   worker's stead (the request never runs); a request a worker holds is cancelled over pub/sub (`abort`).
@@ -34,8 +35,34 @@ from gateway.errors import APIError
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, shallow_dict
 
-_ENQUEUE = """
-if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
+# A request is live while its output stream exists (it runs or ran; kept a while after its end) or its
+# queue entry does (queued, or held by a worker: a worker deletes the entry when the request ends). A
+# record whose request is neither (its output expired, or it was lost) may be made anew.
+_LIVE = """
+local function live(record, output)
+    if redis.call('EXISTS', output) == 1 then
+        return true
+    end
+    local queue = redis.call('HGET', record, 'queue')
+    local entry = redis.call('HGET', record, 'entry')
+    return queue ~= false and entry ~= false and #redis.call('XRANGE', queue, entry, entry) > 0
+end
+"""
+
+_LOOKUP = (
+    _LIVE
+    + """
+if not live(KEYS[1], KEYS[2]) then
+    return false
+end
+return redis.call('HGET', KEYS[1], 'fp') or ''
+"""
+)
+
+_ENQUEUE = (
+    _LIVE
+    + """
+if live(KEYS[1], KEYS[2]) then
     return false
 end
 local entry = redis.call('XADD', KEYS[3], '*', 'm', ARGV[1])
@@ -43,6 +70,7 @@ redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'queue', KEYS[3], 'entry', entry)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return entry
 """
+)
 
 _CANCEL = """
 local queue = redis.call('HGET', KEYS[1], 'queue')
@@ -71,19 +99,25 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return entry
 """
 
+_MOVED = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    redis.call('HSET', KEYS[1], 'queue', ARGV[1], 'entry', ARGV[2])
+end
+"""
+
 ABORTED = OutputEvent(finish_reason="abort").to_json()  # what the worker would have written
-
-
-def scoped_id(tenant: str, client_id: str) -> str:
-    """The request id inside loragate: the client's id in its tenant's namespace (`/` never occurs in
-    a client id, so no id can reach into another namespace)."""
-    return f"{hashlib.sha256(tenant.encode()).hexdigest()[:24]}/{client_id}"
 
 
 def fingerprint(msg: QueuedRequest) -> str:
     """What was asked (model, adapter, prompt, sampling): a retry must ask the same."""
     what = [msg.model, msg.adapter, msg.operation, msg.prompt_token_ids, shallow_dict(msg.params)]
     return hashlib.sha256(json.dumps(what, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+async def note_moved(r: aioredis.Redis, request_id: str, queue: str, entry: bytes | str) -> None:
+    """The request's queue entry is now `entry` on `queue` (the reaper moved it off a dead worker's queue):
+    retries and cancels find it there."""
+    await r.eval(_MOVED, 1, keys.request_record(request_id), queue, entry)
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -95,13 +129,14 @@ class RequestStore:
         self.redis, self.ttl_s = r, ttl_s  # ttl_s: a record's lifetime (the request's deadline and more)
 
     async def exists(self, request_id: str, fp: str) -> bool:
-        """Whether the request was queued before (its record or output stream exists); 409 when it was,
-        with this id, for something else."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(keys.request_record(request_id), "fp")
-        pipe.exists(keys.output(request_id))
-        known, output = await pipe.execute()
-        if known is not None and _text(known) != fp:
+        """Whether the request is live (queued, running, or its output still kept): a retry attaches to
+        it. 409 when it was made, with this id, for something else."""
+        known = _text(
+            await self.redis.eval(_LOOKUP, 2, keys.request_record(request_id), keys.output(request_id))
+        )
+        if known is None:
+            return False
+        if known and known != fp:
             raise APIError(
                 409,
                 "This X-Request-Id was already used for a different request; a retry must send the same "
@@ -109,7 +144,7 @@ class RequestStore:
                 param="X-Request-Id",
                 code="request_id_conflict",
             )
-        return known is not None or bool(output)
+        return True
 
     def enqueue(self, pipe: Pipeline, msg: QueuedRequest, fp: str, worker_id: str) -> None:
         """Queue `msg` on `pipe` unless the request exists already; the pipeline's reply for this command

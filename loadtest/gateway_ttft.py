@@ -219,9 +219,10 @@ def measure_stages(base: str, key: str, url: str, model: str, texts: list[str], 
         def at(prefix: str, rid: str = rid) -> float | None:
             return next((t for t, c in seen if c.startswith(prefix) and rid in c), None)
 
-        exists = at(f"EXISTS {keys.output(rid)}")
-        enqueued = at(f"XADD {keys.queue('')}")
-        first_event = at(f"XADD {keys.output(rid)} ")
+        # Keys carry the tenant-scoped id (`{tenant tag}/{rid}`): match the command and the client's id.
+        exists = at(f"EXISTS {keys.output('')}")
+        enqueued = at(f"XADD {keys.queue('')}")  # in the enqueue script (MONITOR shows its commands)
+        first_event = at(f"XADD {keys.output('')}")
         marks = [sent, exists, enqueued, first_event, first_chunk]
         if all(m is not None for m in marks):
             points = [float(m) for m in marks if m is not None]

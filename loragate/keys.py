@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "lg"
 WORKER_GROUP = "workers"  # consumer group on every queue stream
 ADAPTERS = f"{PREFIX}:adapters"  # hash: "{base}:{name}" -> AdapterRecord JSON
@@ -63,3 +65,15 @@ def request_record(request_id: str) -> str:
 
 OUTPUT_TTL_S = 600  # an output stream lives this long after its last write (so a client can resume)
 REQUEST_RECORD_GRACE_S = 900  # a request's record outlives its deadline by this much (> OUTPUT_TTL_S)
+
+
+def scoped_request_id(tenant: str, client_id: str) -> str:
+    """A request's id inside loragate (every key, cancel message, the worker): the id its client sent
+    (`X-Request-Id`) or was given, in the namespace of its tenant, so the same id sent by two tenants names
+    two requests. `/` never occurs in a client id, so no id reaches into another namespace."""
+    return f"{hashlib.sha256(tenant.encode()).hexdigest()[:24]}/{client_id}"
+
+
+def client_request_id(request_id: str) -> str:
+    """The id the client knows (the response's `id`), from a scoped request id."""
+    return request_id.rpartition("/")[2]

@@ -11,9 +11,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.errors import APIError
-from gateway.request_store import RequestStore, fingerprint, scoped_id
+from gateway.fleet import Fleet
+from gateway.reaper import Reaper
+from gateway.request_store import RequestStore, fingerprint
 from loragate import keys
-from loragate.messages import OutputEvent, QueuedRequest
+from loragate.messages import OutputEvent, QueuedRequest, WorkerState
 from loragate.types import SamplingParams
 
 WORKER = "w-store"
@@ -43,15 +45,16 @@ async def enqueue(r: aioredis.Redis, store: RequestStore, msg: QueuedRequest) ->
 
 
 def test_the_same_client_id_of_two_tenants_names_two_requests() -> None:
-    assert scoped_id("alice", "req-00000001") != scoped_id("bob", "req-00000001")
-    assert scoped_id("alice", "req-00000001") == scoped_id("alice", "req-00000001")
-    # A client id cannot reach into another namespace: `/` is not allowed in one.
-    assert scoped_id("alice", "x").split("/", 1)[1] == "x"
+    alice, bob = keys.scoped_request_id("alice", "req-0001"), keys.scoped_request_id("bob", "req-0001")
+    assert alice != bob and alice == keys.scoped_request_id("alice", "req-0001")
+    assert keys.client_request_id(alice) == keys.client_request_id(bob) == "req-0001"
+    # Tenant names are hashed: "a" + "b/x" and "a/b" + "x" cannot meet (`/` is not allowed in a client id).
+    assert keys.scoped_request_id("a", "b/x") != keys.scoped_request_id("a/b", "x")
 
 
 def test_a_request_is_queued_once_and_a_retry_must_ask_the_same(redis_url: str) -> None:
     async def body(r: aioredis.Redis, store: RequestStore) -> None:
-        msg = message(scoped_id("alice", "once-0001"))
+        msg = message(keys.scoped_request_id("alice", "once-0001"))
         assert not await store.exists(msg.request_id, fingerprint(msg))
         assert await enqueue(r, store, msg) is not None
         assert await enqueue(r, store, msg) is None  # the second try attaches, no second copy
@@ -68,7 +71,7 @@ def test_a_request_is_queued_once_and_a_retry_must_ask_the_same(redis_url: str) 
 
 def test_cancel_drops_an_entry_no_worker_has_read_and_writes_its_abort(redis_url: str) -> None:
     async def body(r: aioredis.Redis, store: RequestStore) -> None:
-        msg = message(scoped_id("alice", "queued-0001"))
+        msg = message(keys.scoped_request_id("alice", "queued-0001"))
         await enqueue(r, store, msg)
         assert await store.cancel(msg.request_id) is True
         assert await r.xlen(keys.queue(WORKER)) == 0  # no worker will ever read it
@@ -80,7 +83,7 @@ def test_cancel_drops_an_entry_no_worker_has_read_and_writes_its_abort(redis_url
 
 def test_cancel_of_an_entry_a_worker_has_read_goes_to_the_worker(redis_url: str) -> None:
     async def body(r: aioredis.Redis, store: RequestStore) -> None:
-        msg = message(scoped_id("alice", "running-0001"))
+        msg = message(keys.scoped_request_id("alice", "running-0001"))
         await enqueue(r, store, msg)
         await r.xreadgroup(keys.WORKER_GROUP, WORKER, {keys.queue(WORKER): ">"})  # the worker has it
         pubsub = r.pubsub()
@@ -101,21 +104,59 @@ def test_cancel_of_an_entry_a_worker_has_read_goes_to_the_worker(redis_url: str)
 
 def test_an_aborted_request_is_queued_again_once(redis_url: str) -> None:
     async def body(r: aioredis.Redis, store: RequestStore) -> None:
-        msg = message(scoped_id("alice", "revive-0001"))
+        msg = message(keys.scoped_request_id("alice", "revive-0001"))
         await enqueue(r, store, msg)
         await store.cancel(msg.request_id)
         ((abort_id, _),) = await r.xrange(keys.output(msg.request_id))
         fp = fingerprint(msg)
         again = replace(msg, attempt=1)
-        results = await asyncio.gather(*(store.revive(abort_id.decode(), again, fp, WORKER) for _ in range(5)))
+        tries = (store.revive(abort_id.decode(), again, fp, WORKER) for _ in range(5))
+        results = await asyncio.gather(*tries)
         assert sum(entry is not None for entry in results) == 1  # five handlers saw the abort; one queues
         assert await r.xlen(keys.output(msg.request_id)) == 0  # the abort event is gone
-        ((entry_id, fields),) = await r.xrange(keys.queue(WORKER))
+        ((_, fields),) = await r.xrange(keys.queue(WORKER))
         assert QueuedRequest.from_json(fields[b"m"]).attempt == 1
         # The record points at the new entry: a cancel now drops that one.
         assert await store.cancel(msg.request_id) is True
         assert await r.xlen(keys.queue(WORKER)) == 0
         # A stale abort id (not the stream's last entry any more) queues nothing.
         assert await store.revive(abort_id.decode(), again, fp, WORKER) is None
+
+    run(redis_url, body)
+
+
+def test_a_request_that_ended_and_whose_output_expired_can_be_made_anew(redis_url: str) -> None:
+    async def body(r: aioredis.Redis, store: RequestStore) -> None:
+        msg = message(keys.scoped_request_id("alice", "expired-0001"))
+        await enqueue(r, store, msg)
+        ((entry, _),) = await r.xrange(keys.queue(WORKER))
+        assert await store.exists(msg.request_id, fingerprint(msg))  # queued: live, though no output yet
+        await r.xdel(keys.queue(WORKER), entry)  # what its worker does when it ends
+        await r.xadd(keys.output(msg.request_id), {"e": OutputEvent(finish_reason="length").to_json()})
+        assert await store.exists(msg.request_id, fingerprint(msg))  # ended: its output is relayed again
+        await r.delete(keys.output(msg.request_id))  # the output expired; the record outlives it
+        other = replace(msg, prompt_token_ids=(7, 7))
+        assert not await store.exists(msg.request_id, fingerprint(other))  # a new request, no 409
+        assert await enqueue(r, store, other) is not None
+
+    run(redis_url, body)
+
+
+def test_the_reaper_points_the_record_at_the_entry_it_moved(redis_url: str) -> None:
+    async def body(r: aioredis.Redis, store: RequestStore) -> None:
+        msg = message(keys.scoped_request_id("alice", "moved-0001"))
+        await enqueue(r, store, msg)  # on WORKER, which has no heartbeat: dead
+        live = WorkerState("w-live", "tiny", "/m", 2048)
+        await r.set(keys.worker_state("w-live"), live.to_json(), ex=30)
+        await r.xgroup_create(keys.queue("w-live"), keys.WORKER_GROUP, id="0", mkstream=True)
+        fleet = Fleet(r)
+        assert await Reaper(r, fleet, "reaper-test").sweep() == 1
+        assert await r.xlen(keys.queue(WORKER)) == 0 and await r.xlen(keys.queue("w-live")) == 1
+        record = await r.hgetall(keys.request_record(msg.request_id))
+        assert record[b"queue"].decode() == keys.queue("w-live")
+        assert await store.exists(msg.request_id, fingerprint(msg))  # a retry attaches to the moved entry
+        assert await enqueue(r, store, msg) is None
+        assert await store.cancel(msg.request_id) is True  # and a cancel drops it from its new queue
+        assert await r.xlen(keys.queue("w-live")) == 0
 
     run(redis_url, body)

@@ -1,0 +1,435 @@
+"""Request identity on the real stack (real Redis, two `tiny` workers that run at most 4 sequences each,
+so requests wait in Redis queues, a real gateway):
+
+- an `X-Request-Id` belongs to the tenant of the key that sent it: another tenant sending the same id,
+  before or after the owner, streaming or not, gets its own generation, and cannot read, stall or
+  cancel the owner's;
+- a retry with the same id attaches to the request already queued, running or finished, also after a
+  SIGKILLed gateway: no second copy, no error, no garbled text;
+- a request whose client left mid-generation and retried comes back complete (`length`), not cut short;
+  and a handler whose request is cut short by another handler of the same id leaving continues it;
+- a request still waiting in a queue when its client leaves is dropped before it runs.
+
+Texts are compared token-exact with the engine's offline greedy output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from loragate import keys
+from loragate.messages import OutputEvent, QueuedRequest
+from loragate.types import Request, SamplingParams
+from tests.e2e.stack import Stack
+from worker.config import EngineConfig
+from worker.engine import LLMEngine
+from worker.modelzoo.make import ZooPaths
+
+KEYS = {"alice": "sk-test-alice", "bob": "sk-test-bob"}
+MAX_NUM_SEQS = 4
+KILL_REQUESTS = int(os.environ.get("LORAGATE_E2E_KILL_REQUESTS", "32"))
+
+
+class SmallBatchStack(Stack):
+    """Workers that run at most `MAX_NUM_SEQS` sequences at once (and take 8 more into their engine):
+    beyond that, requests wait in their Redis queues."""
+
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+        if args and args[0] == "worker":
+            args = [*args, "--max-num-seqs", str(MAX_NUM_SEQS)]
+        return super()._spawn(args, log)
+
+
+@pytest.fixture(scope="module")
+def stack(zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    client = redis.Redis.from_url(redis_server, socket_timeout=10)
+    client.flushall()
+    client.close()
+    s = SmallBatchStack(zoo, redis_server, Path(tmp_path_factory.mktemp("identity")))
+    try:
+        s.start_worker("w1")
+        s.start_worker("w2")
+        s.start_gateway()
+        s.wait_ready(workers=2)
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(zoo: ZooPaths) -> LLMEngine:
+    return LLMEngine(zoo.base("tiny"), EngineConfig())
+
+
+@pytest.fixture
+def r(stack: Stack) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(stack.redis_url, socket_timeout=10)
+    yield client
+    client.close()
+
+
+def references(engine: LLMEngine, prompts: list[str], max_tokens: int) -> list[str]:
+    """Offline greedy texts, in one batch."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    reqs = [
+        Request(
+            f"ref-{i}-{time.monotonic_ns()}",
+            tuple(engine.tokenizer.encode(p, add_special_tokens=False).ids),
+            params,
+        )
+        for i, p in enumerate(prompts)
+    ]
+    return [c.text for c in engine.generate(reqs)]
+
+
+def body(prompt: str, max_tokens: int, stream: bool = True) -> dict[str, object]:
+    return {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+@dataclass
+class Result:
+    status: int
+    text: str = ""
+    finish: str | None = None
+    error: str | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+def headers(tenant: str, rid: str | None) -> dict[str, str]:
+    h = {"Authorization": f"Bearer {KEYS[tenant]}"}
+    return h | {"X-Request-Id": rid} if rid else h
+
+
+async def complete(
+    client: httpx.AsyncClient, tenant: str, req: dict[str, object], rid: str | None = None
+) -> Result:
+    """One request, streamed or not, read to its end."""
+    h = headers(tenant, rid)
+    if not req["stream"]:
+        resp = await client.post("/v1/completions", json=req, headers=h)
+        if resp.status_code != 200:
+            return Result(resp.status_code, error=resp.text)
+        choice, usage = resp.json()["choices"][0], resp.json()["usage"]
+        return Result(200, choice["text"], choice["finish_reason"], None, usage["completion_tokens"])
+    result = Result(0)
+    streamed = {**req, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", "/v1/completions", json=streamed, headers=h) as resp:
+        result.status = resp.status_code
+        if resp.status_code != 200:
+            result.error = (await resp.aread()).decode()
+            return result
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                result.error = json.dumps(chunk["error"])
+            elif chunk["choices"]:
+                result.text += chunk["choices"][0]["text"]
+                result.finish = chunk["choices"][0]["finish_reason"] or result.finish
+            else:
+                result.completion_tokens = chunk["usage"]["completion_tokens"]
+    return result
+
+
+async def read_then_leave(url: str, tenant: str, req: dict[str, object], rid: str, chunks: int) -> None:
+    """Stream `chunks` chunks, then drop the connection (its own client, so the socket really closes)."""
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+        client.stream("POST", "/v1/completions", json=req, headers=headers(tenant, rid)) as resp,
+    ):
+        assert resp.status_code == 200, await resp.aread()
+        seen = 0
+        async for line in resp.aiter_lines():
+            seen += line.startswith("data: {")
+            if seen >= chunks:
+                return
+
+
+def client_for(stack: Stack, timeout: float = 240) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=0)
+    return httpx.AsyncClient(base_url=stack.url, timeout=timeout, limits=limits)
+
+
+def output_events(r: redis.Redis, tenant: str, rid: str) -> list[OutputEvent]:
+    return [
+        OutputEvent.from_json(f[b"e"]) for _, f in r.xrange(keys.output(keys.scoped_request_id(tenant, rid)))
+    ]
+
+
+def wait_for_abort(r: redis.Redis, tenant: str, rid: str, timeout: float = 20.0) -> list[OutputEvent]:
+    """Until the request's output stream ends with an abort (its client left and it was cancelled)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = output_events(r, tenant, rid)
+        if events and events[-1].finish_reason == "abort":
+            return events
+        time.sleep(0.05)
+    raise AssertionError(f"{rid} was not cancelled within {timeout} s: {output_events(r, tenant, rid)}")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def queued_ids(r: redis.Redis) -> dict[str, bool]:
+    """Request ids in the workers' queues → whether a worker has read the entry yet."""
+    out: dict[str, bool] = {}
+    for key in r.scan_iter(match=keys.QUEUE_PATTERN):
+        pending = {e["message_id"] for e in r.xpending_range(key, keys.WORKER_GROUP, "-", "+", 10_000)}
+        for entry_id, fields in r.xrange(key):
+            out[QueuedRequest.from_json(fields[b"m"]).request_id] = entry_id in pending
+    return out
+
+
+# -- tenants ---------------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("order", ["owner_first", "intruder_first"])
+def test_another_tenants_request_id_names_another_request(
+    stack: Stack, offline: LLMEngine, r: redis.Redis, order: str, stream: bool
+) -> None:
+    """Bob sends the id of Alice's request (concurrently, before or after her): he reads, attaches to
+    and cancels only his own request; Alice's answer is complete and her own."""
+    rid = f"shared-{order}-{stream}-{time.monotonic_ns()}"
+    alice_prompt, bob_prompt = "def alice_handler(event):\n", "class BobModel(Base):\n"
+    alice_ref, bob_ref = references(offline, [alice_prompt, bob_prompt], 48)
+    assert alice_ref != bob_ref
+    stack.wait_idle()
+
+    async def main() -> tuple[Result, Result, Result]:
+        async with client_for(stack) as client:
+            first, second = ("alice", "bob") if order == "owner_first" else ("bob", "alice")
+            prompts = {"alice": alice_prompt, "bob": bob_prompt}
+            early = asyncio.ensure_future(complete(client, first, body(prompts[first], 48, stream), rid))
+            await asyncio.sleep(0.5)
+            late = asyncio.ensure_future(complete(client, second, body(prompts[second], 48, stream), rid))
+            results = await asyncio.gather(early, late)
+            alice, bob = results if first == "alice" else results[::-1]
+            # After both ended: Bob retries the id once more and gets his own request again, not Alice's.
+            again = await complete(client, "bob", body(bob_prompt, 48, stream), rid)
+            return alice, bob, again
+
+    alice, bob, again = asyncio.run(main())
+    assert alice.ok and alice.finish == "length" and alice.text == alice_ref, alice
+    assert bob.ok and bob.finish == "length" and bob.text == bob_ref, bob
+    assert again.ok and again.text == bob_ref, again
+    # Two requests, two output streams; the intruder's never contains the owner's text.
+    assert "".join(e.text for e in output_events(r, "alice", rid)) == alice_ref
+    assert "".join(e.text for e in output_events(r, "bob", rid)) == bob_ref
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("owner_stream", [True, False], ids=["stream", "whole"])
+def test_an_intruder_that_leaves_does_not_cancel_the_owners_request(
+    stack: Stack, offline: LLMEngine, r: redis.Redis, owner_stream: bool
+) -> None:
+    rid = f"owned-{owner_stream}-{time.monotonic_ns()}"
+    prompt = "async def fetch_all(urls):\n"
+    (ref,) = references(offline, [prompt], 96)
+    stack.wait_idle()
+
+    async def main() -> Result:
+        async with client_for(stack) as client:
+            owner = asyncio.ensure_future(complete(client, "alice", body(prompt, 96, owner_stream), rid))
+            await asyncio.sleep(0.7)
+            # The same id and body from another tenant: it streams its own copy and walks away.
+            await read_then_leave(stack.url, "bob", body(prompt, 96), rid, 2)
+            return await owner
+
+    owner = asyncio.run(main())
+    assert owner.ok and owner.finish == "length" and owner.text == ref, owner
+    wait_for_abort(r, "bob", rid)  # what Bob cancelled was his own request
+    assert output_events(r, "alice", rid)[-1].finish_reason == "length"
+
+
+# -- retries -----------------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_request_dropped_mid_generation_and_retried_comes_back_complete(
+    stack: Stack, offline: LLMEngine, r: redis.Redis, stream: bool
+) -> None:
+    rid = f"dropped-{stream}-{time.monotonic_ns()}"
+    prompt = "def merge_sort(items):\n"
+    (ref,) = references(offline, [prompt], 160)
+    stack.wait_idle()
+
+    async def main() -> Result:
+        if stream:
+            await read_then_leave(stack.url, "alice", body(prompt, 160), rid, 8)
+        else:
+            async with httpx.AsyncClient(base_url=stack.url, timeout=1.5) as quick:
+                with pytest.raises(httpx.ReadTimeout):
+                    req = body(prompt, 160, False)
+                    await quick.post("/v1/completions", json=req, headers=headers("alice", rid))
+        cut = wait_for_abort(r, "alice", rid)
+        assert 0 < sum(len(e.token_ids) for e in cut) < 160  # it was cut short mid-generation
+        async with client_for(stack) as client:
+            return await complete(client, "alice", body(prompt, 160, stream), rid)
+
+    retried = asyncio.run(main())
+    assert retried.ok and retried.finish == "length" and retried.text == ref, retried
+    assert retried.completion_tokens == 160
+
+
+@pytest.mark.timeout(300)
+def test_a_handler_whose_request_another_handler_cancelled_continues_it(
+    stack: Stack, offline: LLMEngine, r: redis.Redis
+) -> None:
+    """Two handlers relay one request (a retry came while the first try's client was still there); the
+    retry's client leaves and cancels it: the first handler continues it, and its answer is complete."""
+    rid = f"two-handlers-{time.monotonic_ns()}"
+    prompt = "class LRUCache:\n    def __init__(self, capacity):\n"
+    (ref,) = references(offline, [prompt], 160)
+    stack.wait_idle()
+
+    async def main() -> Result:
+        async with client_for(stack) as client:
+            first = asyncio.ensure_future(complete(client, "alice", body(prompt, 160), rid))
+            await asyncio.sleep(0.7)
+            await read_then_leave(stack.url, "alice", body(prompt, 160), rid, 4)
+            return await first
+
+    first = asyncio.run(main())
+    assert first.ok and first.finish == "length" and first.text == ref, first
+
+
+@pytest.mark.timeout(600)
+def test_retries_after_a_gateway_kill_attach_to_the_queued_requests(
+    stack: Stack, offline: LLMEngine, r: redis.Redis
+) -> None:
+    """`KILL_REQUESTS` streams (most of them waiting in Redis queues), the gateway SIGKILLed, restarted,
+    and every client retries with its id: all complete, token-exact, none refused, none garbled."""
+    n, max_tokens = KILL_REQUESTS, 24
+    prompts = [f"# task {i}\ndef step_{i}(state):\n" for i in range(n)]
+    refs = references(offline, prompts, max_tokens)
+    ids = [f"kill-{i}-{time.monotonic_ns()}" for i in range(n)]
+    stack.wait_idle()
+
+    async def before_kill() -> int:
+        async with client_for(stack) as client:
+            tries = [
+                asyncio.ensure_future(complete(client, "alice", body(p, max_tokens), i))
+                for p, i in zip(prompts, ids, strict=True)
+            ]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # until most are queued (the others wait in admission)
+                queued = queued_ids(r)
+                if sum(keys.scoped_request_id("alice", i) in queued for i in ids) >= min(n, 64):
+                    break
+                await asyncio.sleep(0.05)
+            waiting = sum(not read for rid, read in queued_ids(r).items() if rid.endswith(tuple(ids)))
+            stack.kill_gateway()  # the clients lose their connections; the requests stay queued
+            await asyncio.gather(*tries, return_exceptions=True)
+            return waiting
+
+    unread = asyncio.run(before_kill())
+    assert unread > 0  # the kill found requests that no worker had read yet
+    stack.start_gateway()
+    stack.wait_ready(workers=2)
+
+    async def retry(client: httpx.AsyncClient, prompt: str, rid: str) -> tuple[Result, int]:
+        """A client that retries with its id, honouring 429/503 with `Retry-After` (admission, not errors)."""
+        for waits in range(30):
+            res = await complete(client, "alice", body(prompt, max_tokens), rid)
+            if res.status not in (429, 503):
+                return res, waits
+            await asyncio.sleep(1.0)
+        return res, waits
+
+    async def after_kill() -> list[tuple[Result, int]]:
+        async with client_for(stack) as client:
+            return await asyncio.gather(*(retry(client, p, i) for p, i in zip(prompts, ids, strict=True)))
+
+    started = time.monotonic()
+    results = asyncio.run(after_kill())
+    completed = sum(res.ok and res.finish == "length" for res, _ in results)
+    garbled = sum(res.ok and res.text != ref for (res, _), ref in zip(results, refs, strict=True))
+    errors = [res for res, _ in results if not res.ok]
+    figures = {
+        "sent": n,
+        "queued_unread_at_kill": unread,
+        "completed": completed,
+        "errored": len(errors),
+        "garbled": garbled,
+        "retried_after_429_503": sum(w > 0 for _, w in results),
+        "retry_wall_s": round(time.monotonic() - started, 1),
+    }
+    print("gateway-kill figures:", json.dumps(figures))
+    assert not errors, errors[:3]
+    assert garbled == 0 and completed == n, figures
+
+
+# -- leaving while queued ----------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_a_request_whose_client_leaves_while_it_is_queued_never_runs(
+    stack: Stack, offline: LLMEngine, r: redis.Redis
+) -> None:
+    fillers_per_worker = MAX_NUM_SEQS + 8  # running + taken into the engine's waiting list
+    victims = [f"queued-leaver-{i}-{time.monotonic_ns()}" for i in range(4)]
+    prompt = "def retry_forever(fn):\n"
+    (ref,) = references(offline, [prompt], 16)
+    stack.wait_idle()
+
+    async def main() -> Result:
+        async with client_for(stack) as client:
+            fillers = [
+                asyncio.ensure_future(complete(client, "alice", body(f"# filler {i}\nwhile True:", 1500)))
+                for i in range(2 * fillers_per_worker)
+            ]
+            try:
+                deadline = time.monotonic() + 60
+                while sum(queued_ids(r).values()) < 2 * fillers_per_worker:  # both workers full
+                    assert time.monotonic() < deadline, queued_ids(r)
+                    await asyncio.sleep(0.1)
+                async with httpx.AsyncClient(base_url=stack.url, timeout=3) as quick:
+                    for rid in victims:
+                        qid = keys.scoped_request_id("bob", rid)
+                        req = body(prompt, 16, False)
+                        leaver = asyncio.ensure_future(
+                            quick.post("/v1/completions", json=req, headers=headers("bob", rid))
+                        )
+                        await asyncio.to_thread(wait_until, lambda q=qid: queued_ids(r).get(q) is False)
+                        with pytest.raises(httpx.ReadTimeout):  # queued, unread: the client gives up
+                            await leaver
+                        await asyncio.to_thread(wait_until, lambda q=qid: q not in queued_ids(r))
+                for rid in victims:
+                    events = output_events(r, "bob", rid)
+                    assert [e.finish_reason for e in events] == ["abort"] and not events[0].token_ids
+            finally:
+                for f in fillers:
+                    f.cancel()
+                await asyncio.gather(*fillers, return_exceptions=True)
+            stack.wait_idle()
+            for rid in victims:  # still nothing: no worker ever ran them
+                assert [e.finish_reason for e in output_events(r, "bob", rid)] == ["abort"]
+            # A retry of a dropped request runs it, from the start.
+            return await complete(client, "bob", body(prompt, 16, False), victims[0])
+
+    retried = asyncio.run(main())
+    assert retried.ok and retried.finish == "length" and retried.text == ref, retried
