@@ -115,22 +115,26 @@ class AdminRoutes:
         return Response(status_code=204)
 
     def _checked_path(self, value: object) -> Path:
-        if not isinstance(value, str) or not value:
+        if not isinstance(value, str) or not value or "\x00" in value or len(value) > 4096:
             raise bad_request("'path' must be the adapter's directory.", param="path")
         roots = self.ctx.settings.adapter_roots
         if not roots:
             raise bad_request(
                 "No adapter_roots are configured, so adapters cannot be registered.", param="path"
             )
-        path = Path(value).resolve()
-        if not any(path.is_relative_to(root) for root in roots):
-            raise APIError(
-                403,
-                "The adapter path is outside the configured adapter roots.",
-                param="path",
-                code="path_not_allowed",
-            )
-        if not (path / "adapter_config.json").is_file():
+        try:
+            path = Path(value).resolve()
+            if not any(path.is_relative_to(root) for root in roots):
+                raise APIError(
+                    403,
+                    "The adapter path is outside the configured adapter roots.",
+                    param="path",
+                    code="path_not_allowed",
+                )
+            found = (path / "adapter_config.json").is_file()
+        except OSError as e:  # a name too long, a symlink loop: not a directory we could use
+            raise bad_request(f"The adapter path cannot be used: {e.strerror}.", param="path") from None
+        if not found:
             raise bad_request("The path holds no adapter_config.json (not a PEFT adapter).", param="path")
         return path
 

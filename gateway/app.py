@@ -13,10 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway import openapi
 from gateway.admin_api import AdminRoutes
 from gateway.admin_policy import PolicyRoutes
 from gateway.admission import FairAdmission
@@ -29,7 +31,9 @@ from gateway.fleet import Fleet
 from gateway.kv_events import KVEventFollower
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import OpenAIRoutes
+from gateway.overload import Limits
 from gateway.policy_store import PolicyHolder, PolicyStore
+from gateway.read_limits import ReadLimits
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
 from gateway.routing import Router
@@ -52,7 +56,9 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return APIError(exc.status_code, str(exc.detail) or "Request failed.").response()
+    return APIError(
+        exc.status_code, str(exc.detail) or "Request failed.", headers=dict(exc.headers or {})
+    ).response()
 
 
 async def _redis_error(request: Request, exc: Exception) -> Response:
@@ -84,7 +90,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
     kv_events.start()
     metrics = GatewayMetrics(fleet)
     decisions = DecisionLog(r, metrics)
-    admission = FairAdmission(fleet, settings.fair_admission_per_worker, settings.fair_admission_max_wait_s)
+    admission = FairAdmission.from_settings(fleet, settings)
     try:
         yield GatewayContext(
             settings,
@@ -115,6 +121,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
 
 def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = None) -> Starlette:
     """The app; traces go to `span_exporter` (tests) or as the `OTEL_*` environment says (off if unset)."""
+    Limits.from_settings(settings)  # a bad admission bound fails here, before the server starts
     holder: dict[str, GatewayContext] = {}
     provider = make_provider("loragate-gateway", span_exporter)
     tracer = provider.get_tracer("loragate.gateway") if provider is not None else None
@@ -148,6 +155,9 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
 
         return endpoint
 
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(openapi.document(ctx().fleet.models()))
+
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(ctx().metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -155,6 +165,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
         Route("/v1/models", bind(o, "models"), methods=["GET"]),
         Route("/v1/completions", bind(o, "completions"), methods=["POST"]),
         Route("/v1/chat/completions", bind(o, "chat_completions"), methods=["POST"]),
@@ -179,6 +190,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(ReadLimits, settings.max_body_bytes, settings.body_timeout_s)],
         exception_handlers={
             APIError: _api_error,
             HTTPException: _http_error,

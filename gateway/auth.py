@@ -19,6 +19,7 @@ from loragate import keys
 
 
 def key_digest(api_key: str) -> str:
+    # Header values arrive as latin-1 text (any byte is a character), which UTF-8 always encodes.
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
@@ -43,7 +44,7 @@ class Authenticator:
                 401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key"
             )
         for key, tenant in self.settings.api_keys.items():
-            if hmac.compare_digest(key, token):
+            if hmac.compare_digest(key.encode(), token.encode()):  # bytes: str refuses non-ASCII
                 return tenant
         stored = await self.redis.hget(keys.API_KEYS, key_digest(token))
         if stored is None:
@@ -55,5 +56,5 @@ class Authenticator:
         admin = self.settings.admin_token
         if admin is None:
             raise APIError(403, "The admin API is disabled: no admin token is configured.")
-        if token is None or not hmac.compare_digest(token, admin):
+        if token is None or not hmac.compare_digest(token.encode(), admin.encode()):
             raise APIError(401, "Invalid admin token.", code="invalid_api_key")

@@ -3,10 +3,16 @@
 Adapters live in the registry (`lg:adapters`, `{base}:{name}` → `AdapterRecord`), cached here for a
 second at a time. A bare adapter name must be unambiguous across bases. Tenants only see and use
 adapters that allow them.
+
+A base model is known while a worker serves it, and also after: this gateway remembers every base it saw
+live, and workers record theirs in `lg:models` with each heartbeat (for gateways that started while none
+was live). A known base with no live worker resolves, so the request gets 503 with `Retry-After` (a
+worker may be restarting, or Redis just came back); only a name never served is 404.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -35,6 +41,9 @@ class Catalog:
         self.redis, self.fleet, self.ttl_s = r, fleet, ttl_s
         self._adapters: dict[str, AdapterRecord] = {}
         self._loaded_at = 0.0
+        self._seen: set[str] = set()  # base models this gateway saw served
+        self._remembered: set[str] = set()  # base models in `lg:models`, seen within MODEL_MEMORY_S
+        self._remembered_at = 0.0
 
     async def adapters(self, fresh: bool = False) -> dict[str, AdapterRecord]:
         if fresh or time.monotonic() - self._loaded_at > self.ttl_s:
@@ -43,13 +52,23 @@ class Catalog:
             self._loaded_at = time.monotonic()
         return self._adapters
 
+    async def remembered(self) -> set[str]:
+        """Base models the fleet served, live or not (`lg:models`, this gateway's memory)."""
+        if time.monotonic() - self._remembered_at > self.ttl_s:
+            raw = await self.redis.hgetall(keys.MODELS)
+            horizon = time.time() - keys.MODEL_MEMORY_S
+            self._remembered = {k.decode() for k, v in raw.items() if _seen_at(v) > horizon}
+            self._remembered_at = time.monotonic()
+        return self._seen | self._remembered
+
     async def resolve(self, model: object, tenant: str) -> Target:
         if not isinstance(model, str) or not model:
             raise bad_request("'model' must be a non-empty string.", param="model")
         bases = self.fleet.models()
+        self._seen.update(bases)
         if model == AUTO:
             return Target(self._auto_base(), None)
-        if model in bases:
+        if model in bases or model in self._seen:
             return Target(model, None)
         adapters = await self.adapters()
         record = adapters.get(model)
@@ -61,6 +80,8 @@ class Catalog:
                     f"Adapter name '{model}' is ambiguous; use one of: {choices}.", param="model"
                 )
             record = matches[0] if matches else None
+        if record is None and model in await self.remembered():  # served before, no worker now: 503
+            return Target(model, None)
         if record is None:
             raise APIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
         if not record.allows(tenant):
@@ -81,3 +102,10 @@ class Catalog:
         if not per_model:
             raise APIError(503, "No worker is available to serve 'auto'.", code="no_worker")
         return min(per_model, key=lambda m: (sum(per_model[m]) / len(per_model[m]), m))
+
+
+def _seen_at(raw: bytes) -> float:
+    try:
+        return float(json.loads(raw)["at"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,9 +13,9 @@ from gateway.admission import FairAdmission
 from gateway.auth import Authenticator
 from gateway.catalog import Catalog
 from gateway.decisions import DecisionLog
-from gateway.errors import APIError, bad_request
 from gateway.fleet import Fleet
 from gateway.kv_events import KVEventFollower
+from gateway.limits import read_json_object
 from gateway.metrics import GatewayMetrics
 from gateway.policy_store import PolicyHolder
 from gateway.reaper import Reaper
@@ -46,23 +45,6 @@ class GatewayContext:
     tracer: Tracer | None = None
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError(
-            413, f"Request body too large ({length} bytes; the limit is {limit}).", code="request_too_large"
-        )
-    chunks = bytearray()
-    async for chunk in request.stream():
-        chunks += chunk
-        if len(chunks) > limit:
-            raise APIError(
-                413, f"Request body too large (the limit is {limit} bytes).", code="request_too_large"
-            )
-    try:
-        body = json.loads(chunks)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"The request body is not valid JSON: {e}.") from e
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
-    return body
+async def read_json(request: Request, limit: int, empty_ok: bool = False) -> dict[str, Any]:
+    """The body as a JSON object, read and checked within `limit` bytes (gateway/limits.py)."""
+    return await read_json_object(request, limit, empty_ok)

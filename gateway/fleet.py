@@ -7,6 +7,11 @@ running or waiting in its engine — and, unlike the heartbeat's counters, it is
 Between refreshes this gateway adds its own changes: +1 for each request it enqueues, −1 for each of its
 requests that ends, so a burst of short requests does not look like a growing queue until the next
 refresh (which would make admission hold requests back for up to a refresh interval).
+
+After a Redis outage (or restart) the heartbeats may be gone while their workers, which survived it, are
+still reconnecting. For `RESYNC_GRACE_S` after Redis is back (`recovering`), a worker that was live before
+is still counted: requests that wait on it are not failed with "no worker", new ones may queue for it,
+and the reaper leaves its queue alone. A worker that does not return within the grace drops out.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from loragate import keys
 from loragate.messages import WorkerState
+from loragate.redis_retry import RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
 
 log = logging.getLogger("loragate.gateway")
 
@@ -41,8 +48,36 @@ class Fleet:
         self._task: asyncio.Task[None] | None = None
         self.refreshed = asyncio.Event()
         self._delta: dict[str, int] = {}  # this gateway's enqueues minus its ended requests, per worker
+        self._run_id: str | None = None  # the Redis server process seen last
+        self._down = False  # a refresh failed since the last one that worked
+        self._grace_until = 0.0  # monotonic: until then, workers seen before an outage still count
+
+    @property
+    def recovering(self) -> bool:
+        """Redis came back (or restarted) less than `RESYNC_GRACE_S` ago: workers may not have
+        re-announced themselves yet."""
+        return time.monotonic() < self._grace_until
 
     async def refresh(self) -> None:
+        try:
+            info = await self.redis.info("server")
+        except Exception as e:
+            self._down = self._down or is_outage(e)
+            raise
+        run_id, now = server_run_id(info), time.monotonic()
+        if self._down or (self._run_id is not None and run_id != self._run_id):
+            self._grace_until = now + RESYNC_GRACE_S
+        # A server that (re)started moments ago, whether or not this gateway saw it go.
+        uptime = float(info.get("uptime_in_seconds", RESYNC_GRACE_S))
+        self._grace_until = max(self._grace_until, now + RESYNC_GRACE_S - uptime)
+        self._down, self._run_id = False, run_id
+        try:
+            await self._read()
+        except Exception as e:
+            self._down = is_outage(e)
+            raise
+
+    async def _read(self) -> None:
         before = dict(self._delta)
         names = [k async for k in self.redis.scan_iter(match=keys.WORKER_STATE_PATTERN, count=1000)]
         views: dict[str, WorkerView] = {}
@@ -59,15 +94,24 @@ class Fleet:
         for worker_id, d in self._delta.items():
             if (view := views.get(worker_id)) is not None:
                 views[worker_id] = WorkerView(view.state, max(0, view.queue_len + d))
+        if self.recovering:  # still re-announcing, presumably
+            views = {**self.workers, **views}
         self.workers = views
         self.refreshed.set()
 
     async def _loop(self) -> None:
+        backoff, outage = Backoff(), OutageLog(log, "fleet view")
         while True:
             try:
                 await self.refresh()
-            except Exception:  # keep the last snapshot; Redis may be restarting
-                log.exception("fleet refresh failed")
+            except Exception as e:  # keep the last snapshot; Redis may be restarting
+                if not is_outage(e):
+                    log.exception("fleet refresh failed")
+                outage.failed(e)
+                await asyncio.sleep(min(backoff.next(), self.interval_s))
+                continue
+            if outage.recovered() is not None:
+                backoff.reset()
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:

@@ -2,7 +2,9 @@
 
 One task: it rediscovers the event streams every few seconds and `XREAD`s all of them at once. A new
 stream is read from its start (streams are capped), so a restarted gateway rebuilds its index from what
-the workers still hold; a worker's `cleared` event (sent when it starts) drops its old entries.
+the workers still hold; a worker's `cleared` event (sent when it starts) drops its old entries. Through a
+Redis outage it retries with backoff; a worker that comes back sends `cleared` and then everything its
+cache holds, so the index is right again even if Redis restarted without the streams.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import redis.asyncio as aioredis
 
 from loragate import keys
+from loragate.redis_retry import Backoff, OutageLog, is_outage
 from loragate.redis_url import connect_async_single
 from policies.events import KVEvent
 from policies.prefix_index import PrefixIndex
@@ -46,6 +49,7 @@ class KVEventFollower:
             self.last_ids.setdefault(key, "0")
 
     async def _loop(self) -> None:
+        backoff, outage = Backoff(), OutageLog(log, "KV event follower")
         next_discovery = 0.0
         while True:
             try:
@@ -65,6 +69,11 @@ class KVEventFollower:
                         self.applied += 1
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("KV event follower failed; retrying")
-                await asyncio.sleep(1.0)
+            except Exception as e:
+                if not is_outage(e):
+                    log.exception("KV event follower failed; retrying")
+                outage.failed(e)
+                await asyncio.sleep(backoff.next())
+                continue
+            if outage.recovered() is not None:
+                backoff.reset()

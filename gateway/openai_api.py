@@ -3,9 +3,13 @@
 A request is authenticated, validated, resolved to a base model (+ adapter), tokenized, routed, enqueued
 on the chosen worker's stream, and its output stream is relayed. The gateway waits for the first output
 event before answering, so errors found by the worker (a bad adapter file) still get a proper status.
-A client that supplies `X-Request-Id` and retries after a dropped connection gets the same generation
-relayed again from the start, instead of a second generation. A client that goes away cancels its
-request on the worker.
+Request ids are scoped to the tenant of the key that sent them (`request_store`): another tenant's id
+names another request. A client that supplies `X-Request-Id` and retries after a dropped connection gets
+the same generation relayed again from the start, instead of a second generation, whether the request
+still waits in a queue, runs, or has finished. A client that goes away cancels its request: dropped from
+its queue if no worker has read it yet, else aborted on the worker. A handler that reads such an abort
+while its own client is still there (a retry; another handler of the same id whose client left) continues
+the request after the tokens already streamed, so a retry never gets a cut-short answer as a success.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry.trace import get_current_span
@@ -29,7 +34,9 @@ from gateway import protocol
 from gateway.catalog import AUTO, Target
 from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request, queue_unavailable
+from gateway.reaper import least_loaded
 from gateway.relay import ClientGone, EventChannel
+from gateway.request_store import RequestStore, fingerprint, scoped_id
 from gateway.routing import AliasChoice, decision_attributes, route_request
 from gateway.sse import EventStreamResponse
 from loragate import keys
@@ -40,12 +47,15 @@ from loragate.tracing import inject, span
 log = logging.getLogger("loragate.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 _LIVENESS_S = 5.0
+_MAX_CONTINUES = 8  # a request cut short by cancels more often than this fails instead
 
 
 class OpenAIRoutes:
     def __init__(self, ctx: GatewayContext):
         self.ctx = ctx  # one instance per request
         self._routed_to: str | None = None  # the worker this request was queued on by this handler
+        self._events: EventChannel | None = None  # this handler's channel of the request's output
+        self._continued = 0  # how often this handler queued the request again after an abort
 
     async def completions(self, request: Request) -> Response:
         return await self._counted(request, chat=False)
@@ -149,14 +159,31 @@ class OpenAIRoutes:
                     "gen_ai.request.top_p": params.top_p,
                 }
             )
-        rid = self._request_id(request, chat)
+        rid = self._request_id(request, chat)  # the client's; inside loragate the tenant-scoped `qid`
+        qid = scoped_id(tenant, rid)
         adapter_key = target.adapter.key if target.adapter else None
         headers = {"x-request-id": rid}
         routed_to: str | None = None
         done: Callable[[OutputEvent], None] = lambda event: None  # noqa: E731
+        self._msg = msg = QueuedRequest(
+            qid,
+            target.base,
+            tuple(prompt),
+            params,
+            adapter=adapter_key,
+            tenant=tenant,
+            traceparent=inject(server_span),
+            operation="chat" if chat else "text_completion",
+        )
+        self._fp = fp = fingerprint(msg)
+        ttl = int(ctx.settings.request_timeout_s) + keys.REQUEST_RECORD_GRACE_S
+        self._store = store = RequestStore(ctx.redis, ttl)
         async with asyncio.timeout(redis_timeout):
-            retry = "x-request-id" in request.headers and await ctx.redis.exists(keys.output(rid))
-        if not retry:
+            retry = "x-request-id" in request.headers and await store.exists(qid, fp)
+        if retry:  # a retry of a request we already have: relay it again (from the start)
+            async with asyncio.timeout(redis_timeout):
+                events = self._events = await ctx.mux.subscribe(qid)
+        else:
             charged = await ctx.admission.admit(tenant, target.base, len(prompt), max_tokens)
             # The same chained, adapter-keyed hashes the worker's prefix cache uses.
             hashes = block_hashes(prompt, state.block_size, adapter_key)
@@ -186,31 +213,32 @@ class OpenAIRoutes:
             headers["x-loragate-decision"] = decision.decision_id
             if alias is not None:
                 headers["x-loragate-model"] = f"{alias.model}; difficulty {alias.score:.2f}"
-            msg = QueuedRequest(
-                rid,
-                target.base,
-                tuple(prompt),
-                params,
-                adapter=adapter_key,
-                tenant=tenant,
-                traceparent=inject(server_span),
-                deadline=time.time() + ctx.settings.request_timeout_s,
-                operation="chat" if chat else "text_completion",
-            )
+            now = time.time()
+            msg = replace(msg, deadline=now + ctx.settings.request_timeout_s, enqueued_at=now)
             with span(ctx.tracer, "enqueue", {"loragate.worker": decision.worker_id}):
-                # One round trip: the relay's wake-up, the request and its decision.
+                # One round trip: the relay's wake-up, the request (with its record) and its decision.
                 pipe = ctx.redis.pipeline(transaction=False)
-                events = await ctx.mux.subscribe(rid, pipe=pipe)
-                pipe.xadd(keys.queue(decision.worker_id), {"m": msg.to_json()})
+                events = self._events = await ctx.mux.subscribe(qid, pipe=pipe)
+                at = len(pipe)
+                store.enqueue(pipe, msg, fp, decision.worker_id)
                 ctx.decisions.record(decision, rid, pipe)
                 try:
                     async with asyncio.timeout(redis_timeout):
-                        await pipe.execute()
+                        queued = (await pipe.execute())[at] is not None
+                    if not queued:  # a copy with this id (a concurrent try) was queued first: attach to it
+                        ctx.router.prefill_done(decision.worker_id, len(prompt))
+                        ctx.admission.settle(tenant, target.base, charged, 0, 0)
+                        self._note_routed(None)
+                        routed_to = None
+                        async with asyncio.timeout(redis_timeout):
+                            await store.exists(qid, fp)  # 409 when it asked for something else
                 except BaseException:  # not queued (Redis failed): undo what routing counted
-                    ctx.router.prefill_done(decision.worker_id, len(prompt))
-                    ctx.admission.settle(tenant, target.base, charged, 0, 0)
-                    self._finish(rid)
+                    if routed_to is not None:
+                        ctx.router.prefill_done(decision.worker_id, len(prompt))
+                        ctx.admission.settle(tenant, target.base, charged, 0, 0)
+                    self._finish()
                     raise
+        if routed_to is not None:  # this handler queued the request: it accounts for it
             ctx.decisions.count(decision)
 
             def done(event: OutputEvent) -> None:
@@ -242,24 +270,26 @@ class OpenAIRoutes:
                         "loragate.cached_tokens": event.cached_tokens,
                     }
                 )
-        else:
-            events = await ctx.mux.subscribe(rid)  # a retry of a request we already have: relay it again
+
         # From here on a client that goes away cancels its request, even while it still waits in a queue.
         watcher = asyncio.ensure_future(self._watch(request.receive, events))
         try:
             try:
                 first = await self._next(events, target, ctx.settings.first_event_timeout_s)
             except (APIError, ClientGone) as e:
-                await self._cancel(rid)
+                await self._cancel()
                 raise e if isinstance(e, APIError) else _client_closed() from None
             finally:
                 if routed_to is not None:
                     ctx.router.prefill_done(routed_to, len(prompt))
             timing["first"] = time.monotonic()
             if first.error is not None:
-                self._finish(rid)
+                self._finish()
                 err = first.error
-                raise APIError(int(err.get("status", 400)), str(err.get("message")), code=err.get("code"))
+                again = {"Retry-After": "2"} if err.get("status") == 503 else None  # e.g. lost with Redis
+                raise APIError(
+                    int(err.get("status", 400)), str(err.get("message")), code=err.get("code"), headers=again
+                )
             headers["x-loragate-worker"] = first.worker_id
             model_id = target.model_id if parsed.model != AUTO and alias is None else target.base
             if parsed.stream:
@@ -310,14 +340,15 @@ class OpenAIRoutes:
 
     async def _next(self, events: EventChannel, target: Target, timeout: float) -> OutputEvent:
         """The next event; fails instead of hanging when no worker can produce it, and raises
-        `ClientGone` when the client disconnected."""
+        `ClientGone` when the client disconnected. An abort is never handed out: this handler's client
+        is still there, so the request is continued."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise APIError(504, "Timed out waiting for the model's output.", code="timeout")
             try:
-                return await events.get(min(_LIVENESS_S, remaining))
+                event = await events.get(min(_LIVENESS_S, remaining))
             except TimeoutError:
                 if not self.ctx.fleet.serving(target.base):
                     raise APIError(
@@ -326,23 +357,77 @@ class OpenAIRoutes:
                         code="no_worker",
                         headers={"Retry-After": "2"},
                     ) from None
+                continue
+            if event.finish_reason != "abort":
+                return event
+            await self._continue(events, target)
 
-    def _finish(self, rid: str) -> None:
-        """Stop relaying the request; it no longer counts on its worker's load here."""
-        self.ctx.mux.unsubscribe(rid)
-        if self._routed_to is not None:
-            self.ctx.fleet.note_ended(self._routed_to)
-            self._routed_to = None
-
-    async def _cancel(self, rid: str) -> None:
-        """Stop relaying, and tell the workers to drop the request (best effort: when Redis cannot take
-        the message, the worker finishes the request and its output expires unread)."""
-        self._finish(rid)
+    async def _continue(self, events: EventChannel, target: Target) -> None:
+        """The request was cut short by a cancel (its client, or another handler's with the same id,
+        left): queue it again on the least-loaded worker, which resumes after the tokens already
+        streamed, and read on after the abort event (which the queueing deletes). Of several handlers
+        that read the same abort, the first queues it; the others read on."""
+        if self._continued >= _MAX_CONTINUES:
+            raise APIError(
+                503,
+                "The request was cancelled by its clients too often; please retry.",
+                code="request_cancelled",
+                headers={"Retry-After": "1"},
+            )
+        worker = least_loaded(self.ctx.fleet, target.base)
+        if worker is None:
+            raise APIError(
+                503,
+                f"No worker is serving '{target.base}' any more.",
+                code="no_worker",
+                headers={"Retry-After": "2"},
+            )
+        self._continued += 1
+        now = time.time()
+        msg = replace(
+            self._msg,
+            attempt=self._continued,
+            deadline=now + self.ctx.settings.request_timeout_s,
+            enqueued_at=now,
+        )
+        worker_id = worker.state.worker_id
         try:
             async with asyncio.timeout(self.ctx.settings.redis_timeout_s):
-                await self.ctx.redis.publish(keys.CANCEL, rid)
+                entry = await self._store.revive(events.last_id, msg, self._fp, worker_id)
+                if entry is not None:
+                    self._note_routed(worker_id)
+                    log.info("continuing %s on %s after an abort", msg.request_id, worker_id)
+                await self.ctx.mux.resume(msg.request_id, events)
         except (RedisError, TimeoutError) as e:
-            log.warning("could not cancel %s: %r", rid, e)
+            log.warning("could not continue %s: %r", msg.request_id, e)
+            raise queue_unavailable() from e
+
+    def _note_routed(self, worker_id: str | None) -> None:
+        """This handler's request now counts on `worker_id`'s load (and no longer on the one before)."""
+        if self._routed_to is not None:
+            self.ctx.fleet.note_ended(self._routed_to)
+        if worker_id is not None:
+            self.ctx.fleet.note_enqueued(worker_id)
+        self._routed_to = worker_id
+
+    def _finish(self) -> None:
+        """Stop relaying the request; it no longer counts on its worker's load here."""
+        if self._events is not None:
+            self.ctx.mux.unsubscribe(self._msg.request_id, self._events)
+        self._note_routed(None)
+
+    async def _cancel(self) -> None:
+        """Stop relaying, and cancel the request: dropped from its queue when no worker has read it yet,
+        else aborted on its worker (best effort: when Redis cannot take the message, the worker finishes
+        the request and its output expires unread)."""
+        self._finish()
+        qid = self._msg.request_id
+        try:
+            async with asyncio.timeout(self.ctx.settings.redis_timeout_s):
+                if await self._store.cancel(qid):
+                    log.info("dropped %s from its queue before it ran", qid)
+        except (RedisError, TimeoutError) as e:
+            log.warning("could not cancel %s: %r", qid, e)
 
     async def _collect(
         self,
@@ -364,12 +449,12 @@ class OpenAIRoutes:
                     raise APIError(int(err.get("status", 500)), str(err.get("message")), code=err.get("code"))
                 texts.append(event.text)
         except (APIError, asyncio.CancelledError):
-            await self._cancel(rid)
+            await self._cancel()
             raise
         except ClientGone:
-            await self._cancel(rid)
+            await self._cancel()
             raise _client_closed() from None
-        self._finish(rid)
+        self._finish()
         done(event)
         use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
         build = protocol.chat_body if chat else protocol.completion_body
@@ -440,9 +525,9 @@ class OpenAIRoutes:
         finally:
             watcher.cancel()
             if done:
-                self._finish(rid)
+                self._finish()
             else:  # the client went away (or the stream failed): free the worker's sequence
-                await self._cancel(rid)
+                await self._cancel()
 
 
 def _client_closed() -> APIError:

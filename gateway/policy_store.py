@@ -5,6 +5,8 @@
 active (and shadow) policy in a `PolicyHolder`, reloaded on that message and, as a fallback for a missed
 message, by polling the active version every second — so a change applies everywhere within a second,
 without restarts. Rollback re-activates an earlier version as a new version (history stays linear).
+Through a Redis outage a gateway keeps the policy it holds; the listener reconnects with backoff and
+the poll goes on, so changes apply again as soon as Redis is back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any, Generic, TypeVar
 import redis.asyncio as aioredis
 
 from loragate import keys
+from loragate.redis_retry import Backoff, OutageLog, is_outage
+from loragate.redis_url import async_options
 
 log = logging.getLogger("loragate.gateway")
 P = TypeVar("P")
@@ -98,6 +102,7 @@ class PolicyHolder(Generic[P]):
         self.shadow_document: dict[str, Any] | None = None
         self._redis_url = redis_url
         self._tasks: list[asyncio.Task[None]] = []
+        self._outage = OutageLog(log, "policy reload")
 
     async def reload(self) -> None:
         version = await self.store.active_version()
@@ -113,7 +118,7 @@ class PolicyHolder(Generic[P]):
             self.shadow = self.parse(shadow) if shadow is not None else None
 
     async def start(self) -> None:
-        await self.reload()
+        await self._safe_reload()  # Redis down: the default policy until it is back
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
 
     async def stop(self) -> None:
@@ -123,15 +128,28 @@ class PolicyHolder(Generic[P]):
                 await task
 
     async def _listen(self) -> None:
-        client = aioredis.Redis.from_url(self._redis_url)
-        pubsub = client.pubsub()
-        await pubsub.subscribe(keys.POLICY_CHANGED)
+        backoff, outage = Backoff(), OutageLog(log, "policy listener")
+        client = aioredis.Redis.from_url(self._redis_url, **async_options(self._redis_url))
         try:
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    await self._safe_reload()
+            while True:
+                pubsub = client.pubsub()
+                try:
+                    await pubsub.subscribe(keys.POLICY_CHANGED)
+                    if outage.recovered() is not None:
+                        backoff.reset()
+                        await self._safe_reload()  # a change may have been published meanwhile
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            await self._safe_reload()
+                except Exception as e:
+                    if not is_outage(e):
+                        log.exception("policy listener failed")
+                    outage.failed(e)
+                    await asyncio.sleep(backoff.next())
+                finally:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
         finally:
-            await pubsub.aclose()
             await client.aclose()
 
     async def _poll(self) -> None:
@@ -142,5 +160,9 @@ class PolicyHolder(Generic[P]):
     async def _safe_reload(self) -> None:
         try:
             await self.reload()
-        except Exception:  # a stored document that no longer parses must not take the gateway down
+        except Exception as e:  # a stored document that no longer parses must not take the gateway down
+            if is_outage(e):
+                self._outage.failed(e)
+                return
             log.exception("policy reload failed; keeping version %s", self.version)
+        self._outage.recovered()

@@ -13,6 +13,8 @@ from typing import Any
 from gateway.errors import bad_request
 from loragate.types import SamplingParams
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
 
 @dataclass(frozen=True)
 class ParsedRequest:
@@ -33,13 +35,20 @@ def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: floa
     return float(value)
 
 
-def _int(body: dict[str, Any], name: str, lo: int, default: int | None) -> int | None:
+def _int(body: dict[str, Any], name: str, lo: int, default: int | None, hi: int = 2**31 - 1) -> int | None:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise bad_request(f"'{name}' must be an integer >= {lo}.", param=name)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be an integer between {lo} and {hi}.", param=name)
     return value
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean.", param=name)
+    return bool(value)
 
 
 def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
@@ -51,9 +60,7 @@ def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name, -2.0, 2.0, 0.0) != 0.0:
             raise bad_request(f"'{name}' is not supported by this server (use 0).", param=name)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean.", param="stream")
+    stream = _bool(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object.", param="stream_options")
@@ -70,7 +77,8 @@ def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
         raise bad_request("'stop' must not be empty.", param="stop")
     max_tokens = _int(body, "max_completion_tokens", 1, None) if chat else None
     max_tokens = _int(body, "max_tokens", 1, max_tokens)
-    seed = _int(body, "seed", -(2**63), None)
+    # Signed or unsigned 64-bit, as clients send either; the worker hashes it into its generator's seed.
+    seed = _int(body, "seed", SEED_MIN, None, SEED_MAX)
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad_request("'user' must be a string.", param="user")
@@ -80,7 +88,7 @@ def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
         "top_k": _int(body, "top_k", 0, 0),
         "seed": seed,
         "stop": stops,
-        "ignore_eos": bool(body.get("ignore_eos", False)),
+        "ignore_eos": _bool(body, "ignore_eos"),
     }
     return ParsedRequest(
         body.get("model"), stream, bool(options.get("include_usage")), max_tokens, params, user
@@ -111,17 +119,21 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 f"messages[{i}] needs a role of system, user, assistant or tool.", param=f"messages[{i}].role"
             )
         content = m.get("content")
-        if isinstance(content, list):  # content parts: keep the text ones
-            parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content):
-                raise bad_request(
-                    f"messages[{i}]: only text content parts are supported.", param=f"messages[{i}].content"
-                )
-            content = "".join(parts)
+        if isinstance(content, list):  # content parts: only text ones
+            content = "".join(_text_part(p, f"messages[{i}].content[{j}]") for j, p in enumerate(content))
         if not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string.", param=f"messages[{i}].content")
         out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
     return out
+
+
+def _text_part(part: object, where: str) -> str:
+    if not isinstance(part, dict) or part.get("type") != "text":
+        raise bad_request(f"{where}: only text content parts are supported.", param=where)
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise bad_request(f"{where}.text must be a string.", param=f"{where}.text")
+    return text
 
 
 def completion_prompt(body: dict[str, Any], vocab_size: int) -> tuple[str | None, list[int] | None]:

@@ -7,6 +7,10 @@ base model — with the tokens its output stream already holds as `resume_token_
 stream continues where it stopped — and only then acknowledged and deleted from the dead queue. Claims
 are atomic, so several gateways can reap side by side. An entry with no live worker to take it stays
 claimed and is retried on the next pass.
+
+Right after a Redis outage or restart every heartbeat may have expired while the workers live on and are
+reconnecting; taking their queues then would run their requests twice. So nothing is reaped while the
+fleet view is `recovering` (`RESYNC_GRACE_S` after Redis came back).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import redis.asyncio as aioredis
 from gateway.fleet import Fleet, WorkerView
 from loragate import keys
 from loragate.messages import QueuedRequest, streamed_so_far
+from loragate.redis_retry import Backoff, OutageLog, is_outage
 
 log = logging.getLogger("loragate.gateway")
 
@@ -55,15 +60,26 @@ class Reaper:
                 await self._task
 
     async def _loop(self) -> None:
+        backoff, outage = Backoff(), OutageLog(log, "reaper")
+        delay = self.interval_s
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(delay)
             try:
                 await self.sweep()
-            except Exception:
-                log.exception("reaper pass failed")
+            except Exception as e:
+                if not is_outage(e):
+                    log.exception("reaper pass failed")
+                outage.failed(e)
+                delay = max(self.interval_s, backoff.next())
+                continue
+            if outage.recovered() is not None:
+                backoff.reset()
+            delay = self.interval_s
 
     async def sweep(self) -> int:
         await self.fleet.refresh()
+        if self.fleet.recovering:  # workers may still be re-announcing themselves
+            return 0
         moved = 0
         async for raw_key in self.redis.scan_iter(match=keys.QUEUE_PATTERN, count=1000):
             key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key

@@ -6,16 +6,28 @@ A new subscription must not wait for the current blocking read to time out (that
 block time to TTFT), so `subscribe` wakes the reader with `CLIENT UNBLOCK` on its connection id, sent in
 the pipeline that enqueues the request (no round trip of its own). A stream is dropped from the read as
 soon as its last event arrives, so a gateway that serves one request at a time never needs an unblock.
+Several handlers may relay the same stream (a client's retry arrives while the handler of its first try
+is still there): each has its own channel and position, the read starts at the earliest of them, and
+each channel gets only the entries after its own position.
 
 An `EventChannel` is what a request handler reads. It is on the TTFT and per-token path, so it is leaner
 than `asyncio.Queue` behind `asyncio.wait_for` (which wraps every wait in a new Task): an event that has
 already arrived is returned without suspending, and a wait costs one future and one timer.
+
+Redis outages. The reader retries with backoff and, once Redis answers again, takes the new connection's
+`CLIENT ID` (for the wake-ups) and looks whether the server restarted. Workers write again the events a
+restarted Redis lost (`worker.ledger`), so a channel may see an event twice: each event carries the
+request's cumulative `completion_tokens`, and a channel drops a token event that does not go past what it
+has relayed. A restarted Redis may also have lost requests that no worker had read yet; once workers had
+`RESYNC_GRACE_S` to re-announce what they run, a waiting request that neither has an output stream nor
+sits in any queue gets a 503 `queue_unavailable` error event ("retry"), instead of waiting for a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import deque
 
@@ -24,6 +36,7 @@ from redis.asyncio.client import Pipeline
 
 from loragate import keys
 from loragate.messages import OutputEvent
+from loragate.redis_retry import OUTAGE_ERRORS, RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
 from loragate.redis_url import connect_async_single
 
 log = logging.getLogger("loragate.gateway")
@@ -36,15 +49,20 @@ class ClientGone(Exception):
 class EventChannel:
     """One request's output events, in order: the relay puts, the request's handler gets."""
 
-    __slots__ = ("_events", "_gone", "_waiter", "last_id")
+    __slots__ = ("_events", "_gone", "_waiter", "last_id", "tokens")
 
     def __init__(self, last_id: str = "0"):
         self.last_id = last_id  # the stream entry id read last
+        self.tokens = 0  # the request's completion tokens relayed so far
         self._events: deque[OutputEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._gone = False
 
     def put(self, event: OutputEvent) -> None:
+        if event.token_ids:
+            if event.completion_tokens <= self.tokens:
+                return  # written again after a Redis outage: already relayed
+            self.tokens = event.completion_tokens
         self._events.append(event)
         self._wake()
 
@@ -61,7 +79,9 @@ class EventChannel:
         return len(self._events)
 
     async def get(self, timeout: float) -> OutputEvent:
-        """The next event; `TimeoutError` if none comes within `timeout` seconds."""
+        """The next event; `TimeoutError` if none comes within `timeout` seconds. Events that arrived
+        before the client left are still handed out (the last of them may finish the request); then
+        `ClientGone`."""
         if not self._events and not self._gone:
             loop = asyncio.get_running_loop()
             self._waiter = waiter = loop.create_future()
@@ -71,11 +91,11 @@ class EventChannel:
             finally:
                 timer.cancel()
                 self._waiter = None
+        if self._events:
+            return self._events.popleft()
         if self._gone:
             raise ClientGone()
-        if not self._events:
-            raise TimeoutError()
-        return self._events.popleft()
+        raise TimeoutError()
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -83,72 +103,186 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+def _entry_id(raw: str) -> tuple[int, int]:
+    """A stream entry id ("ms-seq", or "0") as a comparable pair."""
+    ms, _, seq = raw.partition("-")
+    return int(ms), int(seq or 0)
+
+
 class OutputMux:
     def __init__(self, redis_url: str, control: aioredis.Redis, block_ms: int = 1000, batch: int = 256):
         self._reader = connect_async_single(redis_url)
         self._control = control
         self.block_ms, self.batch = block_ms, batch
-        self.subs: dict[str, EventChannel] = {}
+        self.subs: dict[str, list[EventChannel]] = {}  # output stream key -> the channels relaying it
         self._wake = asyncio.Event()
         self._reader_id: int | None = None
         self._blocked = False
         self._unblocking = False
         self._task: asyncio.Task[None] | None = None
+        self._stale = True  # the reader's connection id (and server) must be read (again)
+        self._run_id: str | None = None  # the Redis server process last seen
+        self._check: asyncio.Task[None] | None = None
+        self.lost = 0  # waiting requests failed because a restarted Redis had lost them
 
     async def start(self) -> None:
-        self._reader_id = int(await self._reader.client_id())
+        with contextlib.suppress(*OUTAGE_ERRORS):  # Redis down: the loop connects once it is back
+            await self._reconnected()
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._check):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._reader.aclose()
+
+    async def _reconnected(self) -> None:
+        """Read the (new) connection's id, and after a Redis restart check for lost requests."""
+        self._reader_id = int(await self._reader.client_id())
+        run_id = server_run_id(await self._reader.info("server"))
+        if self._run_id is not None and run_id != self._run_id:  # restarted: count the grace from now
+            if self._check is not None:
+                self._check.cancel()
+            self._check = asyncio.create_task(self._fail_lost())
+        self._run_id, self._stale = run_id, False
 
     async def subscribe(
         self, request_id: str, from_id: str = "0", pipe: Pipeline | None = None
     ) -> EventChannel:
-        """Relay `lg:out:{request_id}` from after `from_id`. With `pipe`, the reader's wake-up goes out
-        with that pipeline (queue the request on it after this call)."""
+        """Relay `lg:out:{request_id}` from after `from_id` to a new channel. With `pipe`, the reader's
+        wake-up goes out with that pipeline (queue the request on it after this call)."""
         channel = EventChannel(from_id)
-        self.subs[keys.output(request_id)] = channel
+        await self.resume(request_id, channel, pipe)
+        return channel
+
+    async def resume(self, request_id: str, channel: EventChannel, pipe: Pipeline | None = None) -> None:
+        """Relay to `channel` again, from after its `last_id` (it was dropped after a last event).
+        Without `pipe` the wake-up is awaited here; if that fails or is cancelled, the channel is not
+        left subscribed."""
+        key = keys.output(request_id)
+        self.subs.setdefault(key, []).append(channel)
         self._wake.set()
         if self._blocked and not self._unblocking and self._reader_id is not None:
             self._unblocking = True  # one unblock per pending read, however many streams open meanwhile
             if pipe is not None:
                 pipe.execute_command("CLIENT", "UNBLOCK", self._reader_id)
-            else:
+                return
+            try:
                 await self._control.execute_command("CLIENT", "UNBLOCK", self._reader_id)
-        return channel
+            except BaseException:
+                self._unblocking = False
+                self.unsubscribe(request_id, channel)
+                raise
 
-    def unsubscribe(self, request_id: str) -> None:
-        self.subs.pop(keys.output(request_id), None)
+    def unsubscribe(self, request_id: str, channel: EventChannel) -> None:
+        """Stop relaying to `channel` (other channels of the same request keep theirs)."""
+        key = keys.output(request_id)
+        channels = self.subs.get(key)
+        if channels is not None and channel in channels:
+            channels.remove(channel)
+            if not channels:
+                del self.subs[key]
+
+    def _positions(self) -> dict[str, str]:
+        """Where to read each stream from: the earliest position of its channels."""
+        return {
+            k: cs[0].last_id if len(cs) == 1 else min((c.last_id for c in cs), key=_entry_id)
+            for k, cs in self.subs.items()
+        }
+
+    def _dispatch(self, reply: list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]) -> None:
+        """Hand each read entry to every channel of its stream that has not had it yet; a channel is
+        dropped after its last event (nothing follows), a stream when no channel is left."""
+        for key, entries in reply or []:
+            name = key.decode() if isinstance(key, bytes) else key
+            channels = self.subs.get(name)
+            if not channels:
+                continue
+            for raw_id, fields in entries:
+                entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+                event = OutputEvent.from_json(fields[b"e"])
+                position = _entry_id(entry_id) if len(channels) > 1 else None
+                for channel in list(channels):
+                    if position is not None and position <= _entry_id(channel.last_id):
+                        continue  # this channel started later in the stream
+                    channel.last_id = entry_id
+                    channel.put(event)
+                    if event.is_last:
+                        channels.remove(channel)
+                if not channels:
+                    self.subs.pop(name, None)
+                    break
 
     async def _loop(self) -> None:
+        backoff, outage = Backoff(), OutageLog(log, "output relay")
         while True:
             if not self.subs:
                 self._wake.clear()
                 await self._wake.wait()
-            streams = {k: c.last_id for k, c in self.subs.items()}
+            streams = self._positions()
             self._blocked, self._unblocking = True, False
             try:
+                if self._stale:
+                    await self._reconnected()
                 reply = await self._reader.xread(streams, count=self.batch, block=self.block_ms)
-            except Exception:
-                log.exception("output relay read failed; retrying")
-                await asyncio.sleep(0.1)
+            except Exception as e:
+                if not is_outage(e):
+                    log.exception("output relay read failed; retrying")
+                outage.failed(e)
+                self._stale = True
+                await asyncio.sleep(backoff.next())
                 continue
             finally:
                 self._blocked = False
-            for key, entries in reply or []:
-                name = key.decode() if isinstance(key, bytes) else key
-                channel = self.subs.get(name)
-                if channel is None:
-                    continue
-                for entry_id, fields in entries:
-                    channel.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                    event = OutputEvent.from_json(fields[b"e"])
-                    channel.put(event)
-                    if event.is_last:  # nothing follows: stop reading the stream now
-                        self.subs.pop(name, None)
-                        break
+            if outage.recovered() is not None:
+                backoff.reset()
+            self._dispatch(reply)
+
+    async def _fail_lost(self) -> None:
+        """After a Redis restart: fail the waiting requests that are neither in an output stream nor in a
+        queue any more, once workers had time to re-announce theirs (checked twice, a second apart, so a
+        request moving between queues is not taken for lost)."""
+        await asyncio.sleep(RESYNC_GRACE_S)
+        try:
+            lost = await self._unknown(list(self.subs))
+            if lost:
+                await asyncio.sleep(1.0)
+                lost = await self._unknown(lost)
+        except Exception as e:  # Redis went away again: the next reconnect checks again
+            log.warning("could not check for requests lost with Redis: %r", e)
+            return
+        for key in lost:
+            channels = self.subs.pop(key, [])
+            for channel in channels:
+                channel.put(LOST)
+            self.lost += bool(channels)
+        if lost:
+            log.warning("%d waiting requests were lost when Redis restarted; failed them (503)", len(lost))
+
+    async def _unknown(self, streams: list[str]) -> list[str]:
+        """Those of these output streams that do not exist and whose request is in no queue."""
+        if not streams:
+            return []
+        pipe = self._control.pipeline(transaction=False)
+        for key in streams:
+            pipe.exists(key)
+        missing = [key for key, n in zip(streams, await pipe.execute(), strict=True) if not n]
+        if not missing:
+            return []
+        queued: set[str] = set()
+        async for queue in self._control.scan_iter(match=keys.QUEUE_PATTERN, count=1000):
+            for _, fields in await self._control.xrange(queue):
+                queued.add(keys.output(json.loads(fields[b"m"])["request_id"]))
+        return [key for key in missing if key not in queued]
+
+
+LOST = OutputEvent(
+    error={
+        "message": "The request was lost when the request queue (Redis) restarted without it; please retry.",
+        "type": "service_unavailable",
+        "code": "queue_unavailable",
+        "status": 503,
+    }
+)

@@ -9,9 +9,12 @@ with a TTL at `lg:w:{id}` (with a real model directory, whose tokenizer the gate
 and only then `XACK`s and `XDEL`s the queue entry; a request id published on `lg:cancel` ends that
 sequence with `finish_reason="abort"`. Instead of running a model it emits `max_tokens` fake tokens, one
 every `interval_s`. All sequences due at a tick are written in one pipeline, as the real worker writes
-one engine step's events. Tests of the worker itself must use `WorkerService`, never this.
+one engine step's events. With `max_running` it runs at most that many sequences at once (a real
+worker's `--max-num-seqs`) and the rest waits in its queue stream: a fleet with a known capacity, for the
+overload benchmark (`loadtest.overload`). Tests of the worker itself must use `WorkerService`, never this.
 
     python -m loadtest.load_worker --worker-id load-0 --model-name tiny-load [--interval-ms 40]
+                                   [--max-running N]
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class LoadWorkerConfig:
     model_dir: Path  # its tokenizer is what the gateway tokenizes with
     interval_s: float = 0.04  # between two tokens of one sequence
     admit_batch: int = 512  # queue entries read per XREADGROUP
+    max_running: int = 0  # sequences run at once (like a worker's --max-num-seqs); 0 = no limit
     block_ms: int = 100  # XREADGROUP BLOCK while waiting for work
 
 
@@ -119,6 +123,7 @@ class LoadWorker:
         self._slack_s = min(0.002, config.interval_s / 10)
         self._wake = asyncio.Event()
         self._draining = asyncio.Event()
+        self._freed = asyncio.Event()  # a sequence finished: room to admit another
 
     # -- the loop ---------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -157,8 +162,18 @@ class LoadWorker:
                 raise
 
     # -- admission --------------------------------------------------------------------------------
+    def _room(self) -> int:
+        if not self.config.max_running:
+            return self.config.admit_batch
+        return min(self.config.admit_batch, self.config.max_running - len(self.active))
+
     async def _admit_loop(self) -> None:
         while not self._draining.is_set():
+            if self._room() <= 0:  # full: the rest waits in the queue stream, as on a real worker
+                self._freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), 0.1)
+                continue
             try:
                 await self._admit(pending=False)
             except aioredis.RedisError:
@@ -170,7 +185,7 @@ class LoadWorker:
             keys.WORKER_GROUP,
             self.config.worker_id,
             {self.queue: "0" if pending else ">"},
-            count=None if pending else self.config.admit_batch,
+            count=None if pending else self._room(),
             block=None if pending else self.config.block_ms,
         )
         entries = [(eid.decode(), fields) for _, items in reply or [] for eid, fields in items]
@@ -253,6 +268,7 @@ class LoadWorker:
             for seq in finished:
                 del self.active[seq.message.request_id]
                 self.stats.finished += 1
+            self._freed.set()
 
     async def _ack(self, entry_ids: list[str]) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -275,7 +291,7 @@ class LoadWorker:
                 self._wake.set()
 
     # -- heartbeat --------------------------------------------------------------------------------
-    def state(self) -> WorkerState:
+    def state(self, waiting: int = 0) -> WorkerState:
         elapsed = max(1e-9, time.monotonic() - self.stats.started)
         return WorkerState(
             worker_id=self.config.worker_id,
@@ -285,13 +301,16 @@ class LoadWorker:
             kv_blocks_free=FAKE_KV_BLOCKS,
             kv_blocks_total=FAKE_KV_BLOCKS,
             running=len(self.active),
+            waiting=waiting,
             draining=self._draining.is_set(),
             decode_tok_s=round(self.stats.tokens / elapsed, 1),
         )
 
     async def heartbeat(self) -> None:
         key = keys.worker_state(self.config.worker_id)
-        await self.redis.set(key, self.state().to_json(), ex=HEARTBEAT_TTL_S)
+        # Waiting, as a real worker reports it: requests it holds but does not run (here: still unread).
+        waiting = max(0, await self.redis.xlen(self.queue) - len(self.active))
+        await self.redis.set(key, self.state(waiting).to_json(), ex=HEARTBEAT_TTL_S)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -322,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model-name", default="tiny-load", help="the base-model name clients ask for")
     p.add_argument("--model-dir", help="checkpoint whose tokenizer the gateway uses (default: zoo tiny)")
     p.add_argument("--interval-ms", type=float, default=40.0, help="between two tokens of one sequence")
+    p.add_argument("--max-running", type=int, default=0, help="sequences run at once (0: no limit)")
     p.add_argument("--redis", help="Redis URL (default: $REDIS_URL)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -331,7 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from worker.modelzoo.make import ensure_zoo
 
         model_dir = ensure_zoo().base("tiny")
-    config = LoadWorkerConfig(args.worker_id, args.model_name, model_dir, args.interval_ms / 1000)
+    config = LoadWorkerConfig(
+        args.worker_id, args.model_name, model_dir, args.interval_ms / 1000, max_running=args.max_running
+    )
     log.info(
         "load worker %s (fake tokens every %.0f ms) as %s",
         config.worker_id,

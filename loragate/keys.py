@@ -48,3 +48,18 @@ EVENTS_PATTERN = f"{PREFIX}:events:*"
 
 def worker_id_of_queue(key: str) -> str:
     return key.removeprefix(f"{PREFIX}:q:")
+
+
+MODELS = f"{PREFIX}:models"  # hash: base model name -> {"model_dir", "max_model_len", "at"} JSON (last beat)
+MODEL_MEMORY_S = 7 * 24 * 3600  # a base model seen within this long is known (503 while down, not 404)
+
+
+def request_record(request_id: str) -> str:
+    """Hash of one request (by its tenant-scoped id): `fp`, a fingerprint of what was asked, and `queue`
+    and `entry`, where its queue entry was added. Created together with that entry, once: a retry finds
+    it and attaches to the request instead of queueing a copy."""
+    return f"{PREFIX}:req:{request_id}"
+
+
+OUTPUT_TTL_S = 600  # an output stream lives this long after its last write (so a client can resume)
+REQUEST_RECORD_GRACE_S = 900  # a request's record outlives its deadline by this much (> OUTPUT_TTL_S)

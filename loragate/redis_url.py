@@ -1,4 +1,9 @@
-"""Connect to Redis from a URL (`redis://`, `rediss://`, `unix://`), defaulting to `$REDIS_URL`."""
+"""Connect to Redis from a URL (`redis://`, `rediss://`, `unix://`), defaulting to `$REDIS_URL`.
+
+Clients retry a failed command once, at once: after a Redis restart every pooled connection is stale and
+its first command fails, the retry reconnects. Longer outages are not retried here, where a caller would
+block for seconds, but in each process's loops (`loragate.redis_retry`), which back off and re-announce.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.retry import Retry
 
 # Probe an idle connection after 10 s, then every 5 s; give up after 3 unanswered probes.
 _KEEPALIVE = {
@@ -24,8 +32,20 @@ def resolve(url: str | None) -> str:
     return resolved
 
 
-def connect_sync(url: str | None) -> redis.Redis:
-    return redis.Redis.from_url(resolve(url))
+def retry_once() -> Retry:
+    return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), 1)
+
+
+def async_retry_once() -> AsyncRetry:
+    return AsyncRetry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), 1)
+
+
+def connect_sync(url: str | None, socket_timeout: float = 10.0) -> redis.Redis:
+    """A blocking client (the worker's). Its reads are short (`BLOCK` ≤ 100 ms), so a socket timeout bounds
+    how long a server that stopped answering (without closing the connection) can hold a thread."""
+    return redis.Redis.from_url(
+        resolve(url), retry=retry_once(), socket_timeout=socket_timeout, socket_connect_timeout=2.0
+    )
 
 
 def async_options(url: str) -> dict[str, Any]:
@@ -36,7 +56,7 @@ def async_options(url: str) -> dict[str, Any]:
     request. Callers bound the waits that matter themselves (the gateway: `redis_timeout_s`), blocking
     reads end by their own BLOCK time, and over TCP keepalive probes notice a server that vanished.
     """
-    options: dict[str, Any] = {"socket_timeout": None}
+    options: dict[str, Any] = {"socket_timeout": None, "retry": async_retry_once()}
     if not url.startswith("unix://"):
         options |= {"socket_keepalive": True, "socket_keepalive_options": _KEEPALIVE}
     return options
@@ -53,5 +73,7 @@ def connect_async(url: str | None, max_connections: int = 64, wait_s: float = 30
 
 
 def connect_async_single(url: str) -> aioredis.Redis:
-    """A client on one dedicated connection (a blocking reader)."""
-    return aioredis.Redis.from_url(url, single_connection_client=True, **async_options(url))
+    """A client on one dedicated connection (a blocking reader). It does not retry: its owner must see
+    every reconnect, since the connection's `CLIENT ID` (and perhaps the server) changes with it."""
+    options = async_options(url) | {"retry": AsyncRetry(NoBackoff(), 0)}
+    return aioredis.Redis.from_url(url, single_connection_client=True, **options)

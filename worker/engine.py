@@ -23,7 +23,7 @@ from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
 from worker.model import LoRAContext, ModelRunner
-from worker.sampler import Sampler
+from worker.sampler import Sampler, generator_seed
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequence import Sequence, SequenceStatus
 
@@ -105,7 +105,7 @@ class LLMEngine:
         p = request.params
         generator = None
         if not p.greedy:
-            seed = p.seed if p.seed is not None else secrets.randbits(63)
+            seed = generator_seed(p.seed) if p.seed is not None else secrets.randbits(64)
             generator = torch.Generator().manual_seed(seed)
         seq = Sequence.from_request(request)
         detok = DetokenizerState.start(request.prompt_token_ids, p.stop)

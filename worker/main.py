@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -14,10 +13,12 @@ from types import FrameType
 
 import redis
 
+from loragate.proc import exit_on_stop_signal, install_stop_handler
 from loragate.redis_url import connect_sync
 from loragate.tracing import make_provider
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
+from worker.heartbeat import Heartbeat
 from worker.metrics import serve_metrics
 from worker.registry import AdapterRegistry
 from worker.service import WorkerService
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_on_stop_signal()  # until the service runs there is nothing to drain: stop at once
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model_dir = Path(args.model)
@@ -57,12 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     )
     registry = AdapterRegistry(r, name)
-    if args.adapters:
-        registry.publish_directory(Path(args.adapters), pin=tuple(args.pin))
-    registry.sync(engine)
+    if args.adapters:  # published when the service (re)joins the fleet: Redis may be down right now
+        registry.directory = (Path(args.adapters), tuple(args.pin))
     provider = make_provider("loragate-worker")
     tracer = provider.get_tracer("loragate.worker") if provider is not None else None
-    service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer)
+    # The heartbeat has a connection of its own, so it never waits behind the engine loop's commands.
+    beats = Heartbeat(connect_sync(args.redis, socket_timeout=2.0), worker_id)
+    service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer, heartbeat=beats)
     # The model and torch's own objects live as long as the process: out of the cyclic GC's sight, a full
     # collection no longer rescans them between engine steps.
     gc.collect()
@@ -74,8 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("loragate.worker").info("draining (signal %d)", signum)
         service.drain()
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    install_stop_handler(on_term)  # SIGTERM, SIGINT (even if inherited as ignored) and SIGHUP all drain
     logging.getLogger("loragate.worker").info("worker %s serving %s from %s", worker_id, name, model_dir)
     service.run()
     if provider is not None:

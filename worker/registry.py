@@ -3,6 +3,9 @@
 Adapters are named `{base}:{name}` everywhere (engine, prefix hashes, routing), so a key means the same
 weights on every worker. `publish_directory` registers every PEFT adapter found under a directory (for
 `loragate worker --adapters DIR`); `sync` refreshes records and pre-loads pinned adapters into host memory.
+`republish` announces this base's adapters again after Redis came back: the directory's, and the records
+this worker knew (registered through the admin API), each only where the key is missing (a Redis that
+restarted without its data lost them; one that kept them keeps any change made meanwhile).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ class AdapterRegistry:
         self.redis, self.base = r, base
         self.records: dict[str, AdapterRecord] = {}
         self.pinned: set[str] = set()
+        self.directory: tuple[Path, tuple[str, ...]] | None = None  # what `publish_directory` was given
 
     def publish_directory(self, directory: Path, pin: tuple[str, ...] = ()) -> list[str]:
         """Register each adapter sub-directory as `{base}:{dirname}` unless that key already exists."""
+        self.directory = (directory, pin)
         added = []
         for sub in sorted(p for p in directory.iterdir() if (p / "adapter_config.json").exists()):
             record = AdapterRecord(
@@ -33,6 +38,16 @@ class AdapterRegistry:
             if self.redis.hsetnx(keys.ADAPTERS, record.key, record.to_json()):
                 added.append(record.key)
         return added
+
+    def republish(self) -> None:
+        known = [rec for rec in self.records.values() if rec.base == self.base]
+        if known:
+            pipe = self.redis.pipeline(transaction=False)
+            for rec in known:
+                pipe.hsetnx(keys.ADAPTERS, rec.key, rec.to_json())
+            pipe.execute()
+        if self.directory is not None:
+            self.publish_directory(*self.directory)
 
     def sync(self, engine: LLMEngine) -> None:
         raw = self.redis.hgetall(keys.ADAPTERS)

@@ -3,13 +3,27 @@
 Each seeded request draws from its own `torch.Generator`, so the same seed gives the same tokens whatever
 else shares the batch. Sampling uses the exponential race (`argmax(p / E)`, `E ~ Exp(1)`), which is
 exactly a draw from `p` and needs one random vector per row.
+
+A request's `seed` may be any signed or unsigned 64-bit integer (clients send either). It reaches the
+generator through a hash (`generator_seed`), never directly: torch folds negative seeds onto unsigned ones
+(-1 and 2**64-1 would be the same seed) and its CPU generator (mt19937) keeps only the low 32 bits (2**63-1
+and 2**64-1 would be too). Hashed, distinct seeds have unrelated streams; two coincide only by chance
+(2**-32 for a given pair on the CPU generator), never by a pattern a client is likely to hit.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from loragate.types import SamplingParams
+
+
+def generator_seed(seed: int) -> int:
+    """The generator seed for a request's `seed` in [-2**63, 2**64 - 1]: an unsigned 64-bit hash of it."""
+    digest = hashlib.blake2b(seed.to_bytes(9, "little", signed=True), digest_size=8, person=b"lg-seed")
+    return int.from_bytes(digest.digest(), "little")
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

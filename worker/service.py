@@ -1,49 +1,53 @@
 """The worker service: drives the engine step by step and talks only to Redis.
 
-Loop: heartbeat (≈1 s) → cancellations → when idle, a blocking `XREADGROUP` on `lg:q:{worker}` → one
-engine step → one pipeline, one round trip, with all of the step's Redis I/O: each request's output
-event on `lg:out:{id}`, the `XACK` of requests whose last event that was (never before it), the previous
-step's KV events, and a non-blocking read of newly queued requests (only as many as the engine can
-start soon, so the rest wait in Redis where they can be re-routed). On start it first re-reads its own
-pending entries (a restart), resuming after any tokens that were already streamed. SIGTERM drains: the
-heartbeat says `draining`, no new admissions, running requests finish, then the heartbeat is removed so
-gateways re-route whatever is still queued.
+Loop: cancellations → when idle, a blocking `XREADGROUP` on `lg:q:{worker}` → one engine step → one
+pipeline, one round trip, with all of the step's Redis I/O: each request's output event on
+`lg:out:{id}`, the `XACK` of requests whose last event that was (never before it), the previous step's KV
+events, and a non-blocking read of newly queued requests (only as many as the engine can start soon, so
+the rest wait in Redis where they can be re-routed). The heartbeat has a thread of its own
+(`worker.heartbeat`), fed a state snapshot by this loop, so a long step never makes the worker look dead.
+SIGTERM drains: the heartbeat says `draining`, no new admissions, running requests finish, then the
+heartbeat is removed so gateways re-route whatever is still queued.
+
+Redis may vanish at any moment, for any length of time. Every event is kept in memory until its request
+has finished and been acknowledged (and `RECENT_S` longer), so what Redis loses can be written again.
+When a command fails for want of Redis, stepping pauses (running sequences keep their KV cache), the
+loop retries with backoff and jitter, and on reconnect `_resync` — the same path a fresh start takes —
+re-announces the worker (adapters, heartbeat, consumer group, cancel subscription, prefix-cache contents)
+and repairs what the server lost (see `worker.ledger`): queue entries of running requests, and the
+missing tail of each output stream, never more, so a client's stream neither repeats nor skips. Until
+then a guard (`loragate.redis_retry.ServerGuard`) keeps every command off a Redis that restarted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import redis
 from opentelemetry.trace import Tracer
-from redis.client import Pipeline
+from redis.client import PubSub
 
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_so_far
+from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog, ServerGuard, server_run_id
 from loragate.types import Request, RequestOutput
-from policies.events import EventType, KVEvent
 from worker.engine import LLMEngine
+from worker.heartbeat import DecodeRate, Heartbeat, engine_state
+from worker.kv_events import KVEventLog
+from worker.ledger import OUTPUT_TTL_S, Held, Ledger, read_entries
 from worker.lora import AdapterError
 from worker.registry import AdapterRegistry
 from worker.tracing_spans import RequestTimeline, emit_spans
 
 log = logging.getLogger("loragate.worker")
 
-HEARTBEAT_S = 1.0
-HEARTBEAT_TTL_S = 3
-OUTPUT_TTL_S = 600
-EVENTS_MAXLEN = 20_000
-
-
-@dataclass
-class _Active:
-    entry_id: str
-    message: QueuedRequest
-    timeline: RequestTimeline | None = None
+REGISTRY_SYNC_S = 1.0
+SNAPSHOT_S = 0.2  # how often the engine loop hands the heartbeat a fresh state
 
 
 def already_streamed(r: redis.Redis, request_id: str) -> tuple[list[int], str, bool]:
@@ -61,54 +65,123 @@ class WorkerService:
         registry: AdapterRegistry,
         max_waiting: int = 8,
         tracer: Tracer | None = None,
+        heartbeat: Heartbeat | None = None,
     ):
         self.engine, self.redis, self.worker_id, self.model_name = engine, r, worker_id, model_name
+        # No command of this loop may reach a restarted Redis before `_resync` has repaired it.
+        self.guard = ServerGuard()
+        self.guard.install(r)
         self.tracer = tracer
         self.registry = registry
         self.max_waiting = max_waiting
         self.queue = keys.queue(worker_id)
-        self.active: dict[str, _Active] = {}
+        self.ledger = Ledger(r, worker_id)
+        self.heartbeat = heartbeat or Heartbeat(r, worker_id)
+        self.kv_events = KVEventLog(worker_id)
         self.draining = threading.Event()
         self.stopped = threading.Event()
-        self._last_beat = 0.0
-        self._tokens_window: list[tuple[float, int]] = []
-        self._adapter_tiers: dict[str, str] = {}
-        self._deferred_events: list[KVEvent] = []  # the last step's, sent with the next step's outputs
-        self._pubsub = r.pubsub(ignore_subscribe_messages=True)
+        self.run_id: str | None = None  # the Redis server (process) this worker last synced with
+        self.outages = 0  # outages ridden out
+        self._last_sync = self._last_snapshot = 0.0
+        self._decode_rate = DecodeRate()
+        self._pubsub: PubSub | None = None
 
-    def _create_group(self) -> None:
-        """The queue and its consumer group. Made after the first heartbeat: a gateway's reaper deletes an
-        empty queue whose worker has no heartbeat, and must not take ours for a dead worker's."""
+    @property
+    def active(self) -> dict[str, Held]:
+        return self.ledger.active
+
+    def _create_group(self) -> bool:
+        """The queue and its consumer group (True if the group was missing). Made after the heartbeat: a
+        gateway's reaper deletes an empty queue whose worker has no heartbeat, and must not take ours for a
+        dead worker's."""
         try:
             self.redis.xgroup_create(self.queue, keys.WORKER_GROUP, id="0", mkstream=True)
+            return True
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+            return False
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        self._pubsub.subscribe(keys.CANCEL)
-        self._emit([KVEvent(EventType.CLEARED, ts=time.time())])  # routers forget what we held before
-        self.heartbeat(force=True)
-        self._create_group()
-        self._admit(pending=True)
+        self._publish_state()
+        self.heartbeat.start()
+        backoff, outage = Backoff(), OutageLog(log, f"worker {self.worker_id}")
+        try:
+            while True:
+                try:
+                    self._resync()
+                    backoff.reset()
+                    if outage.recovered() is not None:
+                        self.outages += 1
+                    self._serve()
+                    break
+                except OUTAGE_ERRORS as e:  # pause stepping: the ledger keeps whatever was not written
+                    outage.failed(e)
+                    self._publish_state()  # alive, only waiting: the heartbeat goes out once Redis is back
+                    time.sleep(backoff.next())
+            with contextlib.suppress(*OUTAGE_ERRORS):  # KV events only steer routing
+                self.kv_events.emit(self.redis, self.kv_events.deferred)
+        finally:
+            self.heartbeat.remove()
+            if self._pubsub is not None:
+                with contextlib.suppress(*OUTAGE_ERRORS):
+                    self._pubsub.close()
+            self.stopped.set()
+
+    def _serve(self) -> None:
         while not (self.draining.is_set() and not self.engine.has_unfinished()):
-            self.heartbeat()
+            self._tick()
             self._poll_cancels()
             if not self.engine.has_unfinished():
-                self._emit(self._deferred_events)
-                self._deferred_events = []
+                self.kv_events.emit(self.redis, self.kv_events.deferred)
+                self.kv_events.deferred = []
                 if not self.draining.is_set():  # idle: wait in Redis for work, then step at once
                     self._admit(pending=False, block_ms=100)
                 continue
             self._flush(self.engine.step())
-        self._emit(self._deferred_events)
-        self.redis.delete(keys.worker_state(self.worker_id))
-        self._pubsub.close()
-        self.stopped.set()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sync >= REGISTRY_SYNC_S:
+            self._last_sync = now
+            self.registry.sync(self.engine)
+            self.ledger.prune()
+        if now - self._last_snapshot >= SNAPSHOT_S:
+            self._publish_state()
 
     def drain(self) -> None:
         self.draining.set()
+
+    def _resync(self) -> None:
+        """Announce this worker and repair what Redis lost (`worker.ledger`): at start, after outages."""
+        self.guard.open()
+        run_id = server_run_id(self.redis.info("server"))
+        restarted = run_id != self.run_id  # a new Redis process (or our first contact with one)
+        self.registry.republish()
+        self.registry.sync(self.engine)
+        self._publish_state()
+        self.heartbeat.beat()
+        lost_group = self._create_group()
+        if self._pubsub is not None:
+            with contextlib.suppress(*OUTAGE_ERRORS):
+                self._pubsub.close()
+        self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.subscribe(keys.CANCEL)
+        dropped, others = self.ledger.reclaim(lost=restarted or lost_group)
+        for rid in dropped:
+            self.engine.abort(rid)  # its abort output is no longer ours: the ledger ignores it
+        for entry_id, msg in others:
+            self._start(entry_id, msg, pending=False)
+        self.ledger.repair(restarted)
+        for done in self.ledger.acknowledge_finished(restarted):
+            self._spans(done)
+        self._admit(pending=True)
+        self.kv_events.emit(self.redis, self.kv_events.snapshot(self.engine))
+        if server_run_id(self.redis.info("server")) != run_id:  # restarted again meanwhile: once more
+            raise redis.ConnectionError("Redis restarted during the re-sync")
+        self.guard.accept(run_id)
+        self.run_id = run_id
 
     # -- admission --------------------------------------------------------------------------------
     def _room(self) -> int:
@@ -133,18 +206,23 @@ class WorkerService:
         self._start_entries(reply, pending)
 
     def _regroup(self, error: redis.ResponseError) -> None:
-        """The queue or its group vanished (deleted by hand, or Redis restarted empty): make them again."""
-        if "NOGROUP" not in str(error):
+        """The queue or its group vanished (deleted by hand, or Redis restarted empty): make them again.
+        Redis 7 ends a blocked read of a deleted stream with "UNBLOCKED ... no longer exists"."""
+        if "NOGROUP" not in str(error) and "UNBLOCKED" not in str(error):
             raise error
         log.warning("queue %s had no consumer group; recreating it", self.queue)
         self._create_group()
 
     def _start_entries(self, reply: Any, pending: bool) -> None:
-        for _, entries in reply or []:
-            for entry_id, fields in entries:
-                self._start(entry_id.decode(), QueuedRequest.from_json(fields[b"m"]), pending)
+        for entry_id, msg in read_entries(reply):
+            self._start(entry_id, msg, pending)
 
     def _start(self, entry_id: str, msg: QueuedRequest, pending: bool) -> None:
+        held = self.ledger.held(msg.request_id, entry_id)
+        if held is not None:  # re-read after a reconnect: already ours
+            if held.finished:  # only its ack was lost (with a restarted Redis)
+                self._ack(entry_id)
+            return
         streamed: list[int] = []
         text = ""
         done = False
@@ -181,7 +259,7 @@ class WorkerService:
             return
         if timeline is not None and timeline.adapter_tier in ("host", "disk"):
             timeline.adapter_load_s = time.perf_counter() - started
-        self.active[msg.request_id] = _Active(entry_id, replace(msg, resume_token_ids=resume), timeline)
+        self.ledger.hold(Held(entry_id, replace(msg, resume_token_ids=resume), timeline))
 
     def _fail(self, entry_id: str, msg: QueuedRequest, status: int, message: str) -> None:
         kind = "timeout" if status == 504 else "invalid_request_error"
@@ -205,14 +283,21 @@ class WorkerService:
         event is written), then the previous step's KV events, then a non-blocking read of newly queued
         requests, which join the batch at the next step."""
         pipe = self.redis.pipeline(transaction=True)  # MULTI: an output refused (e.g. OOM) aborts its ack too
-        finished = self._add_outputs(pipe, outputs)
+        # Recorded before the write: if Redis fails now, `_resync` writes whatever did not arrive.
+        finished = []
+        for out in outputs:
+            if (event := self.ledger.record(out)) is not None:
+                pipe.xadd(keys.output(out.request_id), {"e": event.to_json()})
+                pipe.expire(keys.output(out.request_id), OUTPUT_TTL_S)
+                if event.is_last:
+                    finished.append(out.request_id)
         for rid in finished:
             pipe.xack(self.queue, keys.WORKER_GROUP, self.active[rid].entry_id)
             pipe.xdel(self.queue, self.active[rid].entry_id)
         # A step's KV events go out with the next step's outputs (or when the engine idles), so the
         # first token of a new request does not share its write, and the routers' reads, with them.
-        self._add_events(pipe, self._deferred_events)
-        self._deferred_events = self._kv_events()
+        self.kv_events.add(pipe, self.kv_events.deferred)
+        self.kv_events.deferred = self.kv_events.collect(self.engine)
         polling = not self.draining.is_set() and self._room() > 0
         if polling:
             pipe.xreadgroup(
@@ -222,105 +307,37 @@ class WorkerService:
         for reply in replies[:-1] if polling else replies:
             if isinstance(reply, Exception):
                 raise reply
-        for rid, reason in finished.items():
-            done = self.active.pop(rid)
-            if self.tracer is not None and done.timeline is not None:
-                emit_spans(self.tracer, done.timeline, self.worker_id, reason)
-        self._tokens_window.append((time.monotonic(), sum(len(o.new_token_ids) for o in outputs)))
+        for rid in finished:
+            self._spans(self.ledger.retire(rid))
+        self._decode_rate.add(sum(len(o.new_token_ids) for o in outputs))
         if polling:
             if isinstance(replies[-1], redis.ResponseError):
                 self._regroup(replies[-1])
             else:
                 self._start_entries(replies[-1], pending=False)
 
-    def _add_outputs(self, pipe: Pipeline, outputs: list[RequestOutput]) -> dict[str, str | None]:
-        """Queue each output's event on `pipe`; returns the finished requests and their finish reasons."""
-        finished: dict[str, str | None] = {}
-        for out in outputs:
-            active = self.active.get(out.request_id)
-            if active is None:
-                continue
-            event = OutputEvent(
-                token_ids=out.new_token_ids,
-                text=out.text_delta,
-                finish_reason=out.finish_reason.value if out.finish_reason else None,
-                prompt_tokens=len(active.message.prompt_token_ids),
-                completion_tokens=out.completion_tokens,
-                cached_tokens=out.cached_tokens,
-                worker_id=self.worker_id,
-            )
-            if active.timeline is not None:
-                active.timeline.on_tokens(len(out.new_token_ids), out.cached_tokens)
-            key = keys.output(out.request_id)
-            pipe.xadd(key, {"e": event.to_json()})
-            pipe.expire(key, OUTPUT_TTL_S)
-            if out.finished:
-                finished[out.request_id] = event.finish_reason
-        return finished
-
-    def _kv_events(self) -> list[KVEvent]:
-        """Prefix-cache and adapter-residency changes of this step, for the routers' precise index."""
-        now = time.time()
-        stored, evicted = self.engine.blocks.drain_events()
-        events = [
-            KVEvent(t, hashes=tuple(h), ts=now)
-            for t, h in ((EventType.STORED, stored), (EventType.EVICTED, evicted))
-            if h
-        ]
-        rank = {"device": 2, "host": 1, "disk": 0}
-        for name, tier in self.engine.adapters.tier_events:
-            moved_up = rank[tier] >= rank.get(self._adapter_tiers.get(name, "disk"), 0)
-            kind = EventType.ADAPTER_LOADED if moved_up else EventType.ADAPTER_EVICTED
-            events.append(KVEvent(kind, adapter=name, tier=tier, ts=now))
-            self._adapter_tiers[name] = tier
-        self.engine.adapters.tier_events.clear()
-        return events
-
-    def _add_events(self, pipe: Pipeline, events: list[KVEvent]) -> None:
-        for event in events:
-            pipe.xadd(
-                keys.events(self.worker_id), {"e": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True
-            )
-
-    def _emit(self, events: list[KVEvent]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        self._add_events(pipe, events)
-        pipe.execute()
+    def _spans(self, done: Held) -> None:
+        if self.tracer is not None and done.timeline is not None:
+            emit_spans(self.tracer, done.timeline, self.worker_id, done.events[-1].finish_reason)
 
     def _poll_cancels(self) -> None:
+        assert self._pubsub is not None  # subscribed by `_resync`
         while (msg := self._pubsub.get_message(timeout=0)) is not None:
             rid = msg["data"].decode() if isinstance(msg["data"], bytes) else str(msg["data"])
             if rid in self.active:
                 self.engine.abort(rid)
 
-    # -- heartbeat --------------------------------------------------------------------------------
+    # -- state, for the heartbeat -----------------------------------------------------------------
     def state(self) -> WorkerState:
-        e = self.engine
-        now = time.monotonic()
-        self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 10.0]
-        span = now - self._tokens_window[0][0] if len(self._tokens_window) > 1 else 0.0
-        rate = sum(n for _, n in self._tokens_window) / span if span > 0 else 0.0
-        return WorkerState(
-            worker_id=self.worker_id,
-            model=self.model_name,
-            model_dir=str(e.model_dir),
-            max_model_len=e.max_model_len,
-            adapters_device=tuple(e.adapters.device_lru),
-            adapters_host=tuple(e.adapters.host),
-            pinned=tuple(sorted(self.registry.pinned)),
-            kv_blocks_free=e.blocks.num_free_blocks,
-            kv_blocks_total=e.blocks.num_blocks,
-            block_size=e.config.block_size,
-            running=len(e.scheduler.running),
-            waiting=len(e.scheduler.waiting),
-            max_adapters=e.config.max_loras,
+        return engine_state(
+            self.engine,
+            self.worker_id,
+            self.model_name,
+            pinned=self.registry.pinned,
             draining=self.draining.is_set(),
-            decode_tok_s=round(rate, 1),
+            decode_tok_s=self._decode_rate.per_s(),
         )
 
-    def heartbeat(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self._last_beat >= HEARTBEAT_S:
-            self._last_beat = now
-            self.registry.sync(self.engine)
-            self.redis.set(keys.worker_state(self.worker_id), self.state().to_json(), ex=HEARTBEAT_TTL_S)
+    def _publish_state(self) -> None:
+        self._last_snapshot = time.monotonic()
+        self.heartbeat.publish(self.state())

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import redis
 
+from gateway.request_store import scoped_id
 from loragate import keys
 from loragate.messages import OutputEvent
 from tests.e2e.outputs import stored_output
@@ -41,7 +42,7 @@ def aborted_after(stack: Stack, request_id: str, timeout: float = 15.0) -> int:
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            entries = r.xrange(keys.output(request_id))
+            entries = r.xrange(keys.output(scoped_id("alice", request_id)))  # KEY is alice's
             last = OutputEvent.from_json(entries[-1][1][b"e"]) if entries else None
             if last is not None and last.is_last:
                 assert last.finish_reason == "abort"

@@ -53,8 +53,21 @@ def test_client_gone_wakes_a_waiting_get_and_fails_later_ones() -> None:
         channel.client_gone()
         with pytest.raises(ClientGone):
             await asyncio.wait_for(waiting, 1.0)
-        channel.put(event("x"))  # an event that arrives after the client left is not handed out
         with pytest.raises(ClientGone):
             await channel.get(1.0)
 
     asyncio.run(main())
+
+
+def test_events_that_arrived_before_the_client_left_are_handed_out_first() -> None:
+    async def main() -> list[str]:
+        channel = EventChannel()
+        channel.put(event("a"))
+        channel.put(event("b", "stop"))  # the request finished as its client left
+        channel.client_gone()
+        got = [(await channel.get(1.0)).text, (await channel.get(1.0)).text]
+        with pytest.raises(ClientGone):
+            await channel.get(1.0)
+        return got
+
+    assert asyncio.run(main()) == ["a", "b"]

@@ -28,9 +28,14 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 @asynccontextmanager
-async def running(url: str, model_dir: Path, interval_s: float = 0.01) -> AsyncIterator[aioredis.Redis]:
+async def running(
+    url: str, model_dir: Path, interval_s: float = 0.01, max_running: int = 0
+) -> AsyncIterator[aioredis.Redis]:
     r = aioredis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
-    worker = LoadWorker(r, LoadWorkerConfig("load-t", "tiny-load", model_dir, interval_s, block_ms=20))
+    config = LoadWorkerConfig(
+        "load-t", "tiny-load", model_dir, interval_s, block_ms=20, max_running=max_running
+    )
+    worker = LoadWorker(r, config)
     task = asyncio.create_task(worker.run())
     try:
         yield r
@@ -134,6 +139,25 @@ def test_resumes_after_tokens_already_streamed(redis_url: str, model_dir: Path) 
             events = await events_of(r, "r3", ended)
             assert sum(len(e.token_ids) for e in events) == 3 + 2
             assert events[-1].completion_tokens == 5
+            assert await queue_is_empty(r)
+
+    run(scenario)
+
+
+def test_max_running_leaves_the_rest_queued(redis_url: str, model_dir: Path) -> None:
+    """With `max_running` 2, a third request waits in the queue stream until one of the two finishes."""
+
+    async def scenario() -> None:
+        async with running(redis_url, model_dir, interval_s=0.02, max_running=2) as r:
+            for i in range(3):
+                await r.xadd(keys.queue("load-t"), {"m": request(f"m{i}", 100).to_json()})
+            first = await events_of(r, "m0", lambda ev: len(ev) >= 3)
+            assert first and not await r.exists(keys.output("m2"))  # not started while two run
+            await asyncio.sleep(1.1)  # the next heartbeat
+            state = WorkerState.from_json(await r.get(keys.worker_state("load-t")))
+            assert (state.running, state.waiting) == (2, 1)
+            events = await events_of(r, "m2", ended)
+            assert events[-1].completion_tokens == 100
             assert await queue_is_empty(r)
 
     run(scenario)

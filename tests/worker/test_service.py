@@ -1,8 +1,12 @@
 """The worker service against a real Redis: queue in, output events out, ack after the last event,
-cancel, resume after a crash, heartbeat, drain."""
+cancel, resume after a crash, heartbeat, drain. (Redis outages: test_service_outage.py.)
+
+Every worker runs inside `running`, which drains it and joins its thread (bounded) however the test ends.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -16,6 +20,7 @@ from loragate.messages import AdapterRecord, OutputEvent, QueuedRequest, WorkerS
 from loragate.types import Request, SamplingParams
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
+from worker.heartbeat import Heartbeat
 from worker.modelzoo.make import ZooPaths
 from worker.registry import AdapterRegistry
 from worker.service import WorkerService
@@ -28,19 +33,38 @@ def prompt(seed: int, n: int = 24) -> tuple[int, ...]:
 
 @pytest.fixture
 def client(redis_url: str) -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(redis_url)
+    r = redis.Redis.from_url(redis_url, socket_timeout=10)
     yield r
     r.close()
 
 
-def start(zoo: ZooPaths, r: redis.Redis, worker_id: str = "w1") -> tuple[WorkerService, threading.Thread]:
+def make_service(
+    zoo: ZooPaths, r: redis.Redis, worker_id: str = "w1", heartbeat: Heartbeat | None = None
+) -> WorkerService:
     registry = AdapterRegistry(r, "tiny")
-    registry.publish_directory(zoo.root / "adapters" / "tiny")
+    registry.directory = (zoo.root / "adapters" / "tiny", ())  # published as the worker joins
     engine = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=256))
-    service = WorkerService(engine, r, worker_id, "tiny", registry)
-    thread = threading.Thread(target=service.run, daemon=True)
+    return WorkerService(engine, r, worker_id, "tiny", registry, heartbeat=heartbeat)
+
+
+@contextlib.contextmanager
+def running(service: WorkerService, stop_timeout: float = 30.0) -> Iterator[threading.Thread]:
+    """Run the worker on a thread; drain it and wait (bounded) for it to stop, whatever happens."""
+    thread = threading.Thread(target=service.run, daemon=True, name=f"worker-{service.worker_id}")
     thread.start()
-    return service, thread
+    try:
+        yield thread
+    finally:
+        service.drain()
+        thread.join(stop_timeout)
+    assert not thread.is_alive(), "the worker did not stop after drain"
+
+
+@contextlib.contextmanager
+def start(zoo: ZooPaths, r: redis.Redis, worker_id: str = "w1") -> Iterator[WorkerService]:
+    service = make_service(zoo, r, worker_id)
+    with running(service):
+        yield service
 
 
 def enqueue(r: redis.Redis, msg: QueuedRequest, worker_id: str = "w1") -> None:
@@ -68,7 +92,6 @@ def offline(zoo: ZooPaths, req: Request) -> list[int]:
 
 
 def test_requests_stream_out_and_are_acked_after_the_last_event(zoo: ZooPaths, client: redis.Redis) -> None:
-    service, thread = start(zoo, client)
     msgs = [
         QueuedRequest(
             f"r{i}",
@@ -79,51 +102,46 @@ def test_requests_stream_out_and_are_acked_after_the_last_event(zoo: ZooPaths, c
         )
         for i in range(5)
     ]
-    for m in msgs:
-        enqueue(client, m)
-    for m in msgs:
-        events = collect(client, m.request_id)
-        tokens = [t for e in events for t in e.token_ids]
-        expected = offline(zoo, Request("x", m.prompt_token_ids, m.params, m.adapter))
-        assert tokens == expected
-        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 10
-        assert events[-1].prompt_tokens == len(m.prompt_token_ids) and events[-1].worker_id == "w1"
-    time.sleep(0.2)
-    assert client.xpending(keys.queue("w1"), keys.WORKER_GROUP)["pending"] == 0
-    assert client.xlen(keys.queue("w1")) == 0
-    state = WorkerState.from_json(client.get(keys.worker_state("w1")))
-    assert state.model == "tiny" and state.kv_blocks_total == 256 and not state.draining
-    assert "tiny:qv-r8" in state.adapters_device
-    service.drain()
-    thread.join(10)
+    with start(zoo, client):
+        for m in msgs:
+            enqueue(client, m)
+        for m in msgs:
+            events = collect(client, m.request_id)
+            tokens = [t for e in events for t in e.token_ids]
+            expected = offline(zoo, Request("x", m.prompt_token_ids, m.params, m.adapter))
+            assert tokens == expected
+            assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 10
+            assert events[-1].prompt_tokens == len(m.prompt_token_ids) and events[-1].worker_id == "w1"
+        time.sleep(1.2)  # a heartbeat after the last request
+        assert client.xpending(keys.queue("w1"), keys.WORKER_GROUP)["pending"] == 0
+        assert client.xlen(keys.queue("w1")) == 0
+        state = WorkerState.from_json(client.get(keys.worker_state("w1")))
+        assert state.model == "tiny" and state.kv_blocks_total == 256 and not state.draining
+        assert "tiny:qv-r8" in state.adapters_device
+        assert b"tiny" in client.hkeys(keys.MODELS)  # the fleet remembers the base model
     assert client.get(keys.worker_state("w1")) is None
 
 
 def test_bad_adapter_and_deadline_become_error_events(zoo: ZooPaths, client: redis.Redis) -> None:
-    service, thread = start(zoo, client)
     bad = AdapterRecord("broken", "tiny", "/nonexistent/adapter")
     client.hset(keys.ADAPTERS, bad.key, bad.to_json())
-    enqueue(client, QueuedRequest("bad", "tiny", prompt(1), SamplingParams(), adapter="tiny:broken"))
-    enqueue(client, QueuedRequest("nope", "tiny", prompt(1), SamplingParams(), adapter="tiny:missing"))
-    enqueue(client, QueuedRequest("late", "tiny", prompt(1), SamplingParams(), deadline=time.time() - 1))
-    for rid, status in (("bad", 400), ("nope", 400), ("late", 504)):
-        [event] = collect(client, rid)
-        assert event.error is not None and event.error["status"] == status, rid
-    service.drain()
-    thread.join(10)
+    with start(zoo, client):
+        enqueue(client, QueuedRequest("bad", "tiny", prompt(1), SamplingParams(), adapter="tiny:broken"))
+        enqueue(client, QueuedRequest("nope", "tiny", prompt(1), SamplingParams(), adapter="tiny:missing"))
+        enqueue(client, QueuedRequest("late", "tiny", prompt(1), SamplingParams(), deadline=time.time() - 1))
+        for rid, status in (("bad", 400), ("nope", 400), ("late", 504)):
+            [event] = collect(client, rid)
+            assert event.error is not None and event.error["status"] == status, rid
 
 
 def test_cancel_aborts_a_running_request(zoo: ZooPaths, client: redis.Redis) -> None:
-    service, thread = start(zoo, client)
-    enqueue(
-        client, QueuedRequest("long", "tiny", prompt(2), SamplingParams(max_tokens=1500, ignore_eos=True))
-    )
-    client.xread({keys.output("long"): "0"}, block=30000)  # wait for the first token
-    client.publish(keys.CANCEL, "long")
-    events = collect(client, "long")
-    assert events[-1].finish_reason == "abort" and len(events) < 1500
-    service.drain()
-    thread.join(10)
+    with start(zoo, client):
+        long = QueuedRequest("long", "tiny", prompt(2), SamplingParams(max_tokens=1500, ignore_eos=True))
+        enqueue(client, long)
+        client.xread({keys.output("long"): "0"}, block=30000)  # wait for the first token
+        client.publish(keys.CANCEL, "long")
+        events = collect(client, "long")
+        assert events[-1].finish_reason == "abort" and len(events) < 1500
 
 
 def test_restart_resumes_after_tokens_already_streamed(zoo: ZooPaths, client: redis.Redis) -> None:
@@ -135,28 +153,24 @@ def test_restart_resumes_after_tokens_already_streamed(zoo: ZooPaths, client: re
     client.xreadgroup(keys.WORKER_GROUP, "w1", {keys.queue("w1"): ">"}, count=1)
     first = OutputEvent(token_ids=tuple(expected[:5]), text="", prompt_tokens=24, completion_tokens=5)
     client.xadd(keys.output("resume"), {"e": first.to_json()})
-    service, thread = start(zoo, client)
-    events = collect(client, "resume")
+    with start(zoo, client):
+        events = collect(client, "resume")
     assert [t for e in events for t in e.token_ids] == expected
     assert events[-1].completion_tokens == 12
-    service.drain()
-    thread.join(10)
 
 
 def test_a_queue_that_vanished_is_made_again_and_serves(zoo: ZooPaths, client: redis.Redis) -> None:
     """Someone deletes the queue stream (its consumer group with it): the worker recreates both instead of
     dying on NOGROUP, and the next request is served."""
-    service, thread = start(zoo, client)
-    first = QueuedRequest("v1", "tiny", prompt(1), SamplingParams(max_tokens=3, ignore_eos=True))
-    enqueue(client, first)
-    assert collect(client, "v1")[-1].finish_reason == "length"
-    client.delete(keys.queue("w1"))
-    deadline = time.monotonic() + 10
-    while not client.exists(keys.queue("w1")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert thread.is_alive()
-    enqueue(client, QueuedRequest("v2", "tiny", prompt(2), SamplingParams(max_tokens=3, ignore_eos=True)))
-    assert collect(client, "v2")[-1].finish_reason == "length"
-    service.drain()
-    thread.join(10)
-    assert not thread.is_alive()
+    service = make_service(zoo, client)
+    with running(service) as thread:
+        first = QueuedRequest("v1", "tiny", prompt(1), SamplingParams(max_tokens=3, ignore_eos=True))
+        enqueue(client, first)
+        assert collect(client, "v1")[-1].finish_reason == "length"
+        client.delete(keys.queue("w1"))
+        deadline = time.monotonic() + 10
+        while not client.exists(keys.queue("w1")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert thread.is_alive()
+        enqueue(client, QueuedRequest("v2", "tiny", prompt(2), SamplingParams(max_tokens=3, ignore_eos=True)))
+        assert collect(client, "v2")[-1].finish_reason == "length"

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,10 +127,31 @@ def is_complete(root: Path, bases: Sequence[str] = ALL_BASES) -> bool:
     return manifest.get("version") == ZOO_VERSION and set(bases) <= set(manifest.get("bases", {}))
 
 
+# A build takes ~10 s; a builder holding the lock far longer is stuck (or stopped), and waiting for it
+# forever would hang `loragate up` and the test suite instead of saying so.
+LOCK_TIMEOUT_S = 120.0
+
+
 @contextlib.contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+def _exclusive_lock(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    with path.open("a+") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    handle.seek(0)
+                    holder = handle.read().strip() or "unknown"
+                    raise TimeoutError(
+                        f"waited {timeout_s:.0f} s for the model zoo lock {path}, "
+                        f"held by another build (pid {holder}) that seems stuck"
+                    ) from None
+                time.sleep(0.2)
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
         try:
             yield
         finally:

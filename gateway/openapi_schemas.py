@@ -1,0 +1,162 @@
+"""The schemas of the OpenAPI description (gateway/openapi.py): requests as the handlers accept them,
+responses, and the OpenAI error object; with the small builders both modules use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from gateway.protocol import SEED_MAX, SEED_MIN
+
+INT32 = 2**31 - 1
+NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def obj(props: dict[str, Any], required: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(required), **extra}
+
+
+def json_response(schema: dict[str, Any], description: str = "OK", **extra: Any) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}, **extra}
+
+
+def requestschemas(models: list[str]) -> dict[str, Any]:
+    model = {"type": "string", "minLength": 1, "examples": models or ["tiny"]}
+    common = {
+        "model": model,
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT32},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": 0, "maximum": INT32},
+        "seed": {"type": "integer", "minimum": SEED_MIN, "maximum": SEED_MAX},
+        "stop": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+                {"type": "null"},
+            ]
+        },
+        "stream": {"type": "boolean"},
+        "stream_options": {"anyOf": [obj({"include_usage": {"type": "boolean"}}), {"type": "null"}]},
+        "n": {"const": 1},
+        "presence_penalty": {"const": 0},
+        "frequency_penalty": {"const": 0},
+        "user": {"type": "string"},
+        "ignore_eos": {"type": "boolean", "description": "Not OpenAI's: generate past the end token."},
+    }
+    tokens = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    text_part = obj({"type": {"const": "text"}, "text": {"type": "string"}}, ["type", "text"])
+    message = obj(
+        {
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
+        },
+        ["role", "content"],
+    )
+    prompt = {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            tokens,
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+            {"type": "array", "items": tokens, "minItems": 1, "maxItems": 1},
+        ]
+    }
+    usage = obj(
+        {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+        ["prompt_tokens", "completion_tokens", "total_tokens"],
+    )
+    choice = {"type": "object", "required": ["index", "finish_reason"]}
+    return {
+        "CompletionRequest": obj({**common, "prompt": prompt}, ["model", "prompt"]),
+        "ChatCompletionRequest": obj(
+            {
+                **common,
+                "messages": {"type": "array", "items": message, "minItems": 1},
+                "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": INT32},
+            },
+            ["model", "messages"],
+        ),
+        "Completion": obj(
+            {
+                "id": {"type": "string"},
+                "object": {"const": "text_completion"},
+                "model": {"type": "string"},
+                "choices": {"type": "array", "items": choice},
+                "usage": usage,
+            },
+            ["id", "object", "model", "choices"],
+        ),
+        "ChatCompletion": obj(
+            {
+                "id": {"type": "string"},
+                "object": {"const": "chat.completion"},
+                "model": {"type": "string"},
+                "choices": {"type": "array", "items": choice},
+                "usage": usage,
+            },
+            ["id", "object", "model", "choices"],
+        ),
+    }
+
+
+def schemas(models: list[str]) -> dict[str, Any]:
+    error = obj(
+        {
+            "error": obj(
+                {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+                ["message", "type", "param", "code"],
+            )
+        },
+        ["error"],
+    )
+    adapter = obj(
+        {
+            "name": NAME,
+            "base": NAME,
+            "path": {"type": "string"},
+            "tenants": {"type": "array"},
+            "pinned": {"type": "boolean"},
+        },
+        ["name", "base", "path", "tenants", "pinned"],
+    )
+    return {
+        "Error": error,
+        **requestschemas(models),
+        "ModelList": obj({"object": {"const": "list"}, "data": {"type": "array"}}, ["object", "data"]),
+        "Health": obj(
+            {
+                "status": {"enum": ["ok", "unavailable"]},
+                "workers": {"type": "integer"},
+                "models": {"type": "array", "items": {"type": "string"}},
+            },
+            ["status", "workers", "models"],
+        ),
+        "Adapter": adapter,
+        "AdapterRegistration": obj(
+            {
+                "path": {"type": "string", "minLength": 1},
+                "tenants": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                "pinned": {"type": "boolean"},
+            },
+            ["path"],
+        ),
+        "Pin": obj({"pinned": {"type": "boolean"}}),
+        "KeyRequest": obj({"tenant": NAME}, ["tenant"]),
+        "Key": obj(
+            {"key": {"type": "string"}, "key_id": {"type": "string"}, "tenant": {"type": "string"}},
+            ["key", "key_id", "tenant"],
+        ),
+        "PolicyDocument": {"type": "object", "description": "A routing policy (policies/document.py)."},
+        "PolicyVersion": obj({"version": {"type": "integer"}}, ["version"]),
+        "Rollback": obj({"version": {"type": "integer"}}, ["version"]),
+        "AnyObject": {"type": "object"},
+    }

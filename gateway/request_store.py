@@ -1,0 +1,152 @@
+"""A request's identity and record in Redis: who owns an id, enqueue once, cancel, continue.
+
+Ids are scoped to tenants: the id a client sends (`X-Request-Id`) or is given names, inside loragate, the
+request `scoped_id(tenant, id)`, which every Redis key, cancel message and the worker use. Two tenants
+that send the same id get two independent requests; no key can read, attach to or cancel another
+tenant's request, whatever id it sends.
+
+Every queued request has a record `lg:req:{id}` (a fingerprint of what was asked, and where its queue
+entry is) written with its queue entry by one script, only if neither it nor the request's output stream
+exists: a retry that arrives while its first try is still queued attaches to it instead of queueing a
+second copy (which would fail with "request id already in use" or interleave two generations). Two more
+scripts change a request atomically, so any number of gateways and handlers may race on it:
+
+- `cancel`: a queue entry that no worker has read yet is deleted, and the `abort` event written in the
+  worker's stead (the request never runs); a request a worker holds is cancelled over pub/sub (`abort`).
+- `revive`: a request whose output stream ends with an `abort` event (a client that left cut it short)
+  is continued: the abort event is deleted and the request queued again; the worker resumes after the
+  tokens the stream already holds. Only the first of several handlers that saw the same abort event
+  requeues it; the others go on reading.
+
+The scripts find the queue entry through the record (a key they were not passed), so they need a
+single Redis server, as the output relay's multi-stream `XREAD` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+
+from gateway.errors import APIError
+from loragate import keys
+from loragate.messages import OutputEvent, QueuedRequest, shallow_dict
+
+_ENQUEUE = """
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
+    return false
+end
+local entry = redis.call('XADD', KEYS[3], '*', 'm', ARGV[1])
+redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'queue', KEYS[3], 'entry', entry)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return entry
+"""
+
+_CANCEL = """
+local queue = redis.call('HGET', KEYS[1], 'queue')
+local entry = redis.call('HGET', KEYS[1], 'entry')
+if queue and entry then
+    local ok, pending = pcall(redis.call, 'XPENDING', queue, ARGV[4], entry, entry, 1)
+    if ok and #pending == 0 and redis.call('XDEL', queue, entry) == 1 then
+        redis.call('XADD', KEYS[2], '*', 'e', ARGV[2])
+        redis.call('EXPIRE', KEYS[2], ARGV[3])
+        return 1
+    end
+end
+redis.call('PUBLISH', ARGV[5], ARGV[1])
+return 0
+"""
+
+_REVIVE = """
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #last == 0 or last[1][1] ~= ARGV[1] then
+    return false
+end
+redis.call('XDEL', KEYS[2], ARGV[1])
+local entry = redis.call('XADD', KEYS[3], '*', 'm', ARGV[2])
+redis.call('HSET', KEYS[1], 'fp', ARGV[3], 'queue', KEYS[3], 'entry', entry)
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return entry
+"""
+
+ABORTED = OutputEvent(finish_reason="abort").to_json()  # what the worker would have written
+
+
+def scoped_id(tenant: str, client_id: str) -> str:
+    """The request id inside loragate: the client's id in its tenant's namespace (`/` never occurs in
+    a client id, so no id can reach into another namespace)."""
+    return f"{hashlib.sha256(tenant.encode()).hexdigest()[:24]}/{client_id}"
+
+
+def fingerprint(msg: QueuedRequest) -> str:
+    """What was asked (model, adapter, prompt, sampling): a retry must ask the same."""
+    what = [msg.model, msg.adapter, msg.operation, msg.prompt_token_ids, shallow_dict(msg.params)]
+    return hashlib.sha256(json.dumps(what, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RequestStore:
+    def __init__(self, r: aioredis.Redis, ttl_s: int):
+        self.redis, self.ttl_s = r, ttl_s  # ttl_s: a record's lifetime (the request's deadline and more)
+
+    async def exists(self, request_id: str, fp: str) -> bool:
+        """Whether the request was queued before (its record or output stream exists); 409 when it was,
+        with this id, for something else."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(keys.request_record(request_id), "fp")
+        pipe.exists(keys.output(request_id))
+        known, output = await pipe.execute()
+        if known is not None and _text(known) != fp:
+            raise APIError(
+                409,
+                "This X-Request-Id was already used for a different request; a retry must send the same "
+                "request, a new request a new id.",
+                param="X-Request-Id",
+                code="request_id_conflict",
+            )
+        return known is not None or bool(output)
+
+    def enqueue(self, pipe: Pipeline, msg: QueuedRequest, fp: str, worker_id: str) -> None:
+        """Queue `msg` on `pipe` unless the request exists already; the pipeline's reply for this command
+        is the queue entry id, or None when the request was there first (attach to it)."""
+        rid = msg.request_id
+        keys_ = (keys.request_record(rid), keys.output(rid), keys.queue(worker_id))
+        pipe.eval(_ENQUEUE, 3, *keys_, msg.to_json(), fp, self.ttl_s)
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancel the request: dropped from its queue if no worker has read it yet (True), else
+        cancelled on its worker."""
+        dropped = await self.redis.eval(
+            _CANCEL,
+            2,
+            keys.request_record(request_id),
+            keys.output(request_id),
+            request_id,
+            ABORTED,
+            keys.OUTPUT_TTL_S,
+            keys.WORKER_GROUP,
+            keys.CANCEL,
+        )
+        return bool(dropped)
+
+    async def revive(self, abort_entry: str, msg: QueuedRequest, fp: str, worker_id: str) -> str | None:
+        """Queue `msg` again on `worker_id` if the request's output stream still ends with the abort event
+        `abort_entry`; returns the new queue entry id, or None when another handler did it already."""
+        rid = msg.request_id
+        entry = await self.redis.eval(
+            _REVIVE,
+            3,
+            keys.request_record(rid),
+            keys.output(rid),
+            keys.queue(worker_id),
+            abort_entry,
+            msg.to_json(),
+            fp,
+            self.ttl_s,
+        )
+        return _text(entry)

@@ -1,0 +1,92 @@
+"""The gateway's side of a Redis outage, against a redis-server of the test's own that it restarts: a
+channel relays an event written again after an outage only once; right after Redis comes back the fleet
+view still counts the workers it knew and the reaper takes no queue, until the grace has passed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+import gateway.fleet
+from gateway.fleet import Fleet
+from gateway.reaper import Reaper
+from gateway.relay import EventChannel
+from loragate import keys
+from loragate.messages import OutputEvent, QueuedRequest, WorkerState
+from loragate.redis_url import connect_async
+from loragate.types import SamplingParams
+from tests.redis_process import redis_process
+
+
+def test_a_channel_relays_an_event_written_again_only_once() -> None:
+    channel = EventChannel()
+    sent = [OutputEvent(token_ids=(t,), text=str(t), completion_tokens=c) for c, t in enumerate((5, 6, 7), 1)]
+    for e in [sent[0], sent[1], sent[0], sent[1], sent[2]]:  # a worker wrote 1 and 2 again
+        channel.put(e)
+    final = OutputEvent(finish_reason="abort", completion_tokens=3)  # no tokens: never a repeat
+    channel.put(final)
+
+    async def drain() -> list[OutputEvent]:
+        return [await channel.get(0.1) for _ in range(len(channel))]
+
+    assert asyncio.run(drain()) == [*sent, final]
+
+
+def state(worker_id: str) -> str:
+    return WorkerState(worker_id, "tiny", "/models/tiny", 2048).to_json()
+
+
+def test_after_a_restart_known_workers_still_count_and_no_queue_is_reaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway.fleet, "RESYNC_GRACE_S", 1.5)
+    msg = QueuedRequest("r1", "tiny", (1, 2, 3), SamplingParams(max_tokens=4))
+    with redis_process(persistent=True) as server:
+
+        async def main() -> None:
+            r = connect_async(server.url)
+            try:
+                await r.set(keys.worker_state("w1"), state("w1"), ex=60)
+                await r.set(keys.worker_state("w2"), state("w2"), ex=60)
+                queue = keys.queue("w1")
+                await r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)
+                await r.xadd(queue, {"m": msg.to_json()})
+                await r.xreadgroup(keys.WORKER_GROUP, "w1", {queue: ">"})  # w1 runs it
+                fleet = Fleet(r)
+                reaper = Reaper(r, fleet, "reaper-test")
+                await asyncio.sleep(2.6)  # past the young server's grace (its uptime counts whole seconds)
+                await fleet.refresh()
+                assert set(fleet.workers) == {"w1", "w2"} and not fleet.recovering
+                await r.delete(keys.worker_state("w1"))  # its heartbeat expired during the outage
+                server.restart()  # from the AOF
+                await r.delete(keys.worker_state("w1"))
+                assert await reaper.sweep() == 0  # w1 may be about to re-announce itself
+                assert fleet.recovering and set(fleet.workers) == {"w1", "w2"}
+                assert sorted(w.state.worker_id for w in fleet.serving("tiny")) == ["w1", "w2"]
+                assert await r.xlen(queue) == 1
+                await asyncio.sleep(2.6)  # w1 did not come back within the grace: it is gone
+                assert await reaper.sweep() == 1
+                assert set(fleet.workers) == {"w2"} and not fleet.recovering
+                assert await r.xlen(queue) == 0 and await r.xlen(keys.queue("w2")) == 1
+            finally:
+                await r.aclose()
+
+        asyncio.run(main())
+
+
+def test_a_fresh_redis_gives_workers_the_grace_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway that starts (or first connects) right after Redis restarted cannot have seen the outage."""
+    with redis_process(persistent=False) as server:
+
+        async def main() -> bool:
+            r: aioredis.Redis = connect_async(server.url)
+            try:
+                fleet = Fleet(r)
+                await fleet.refresh()
+                return fleet.recovering
+            finally:
+                await r.aclose()
+
+        assert asyncio.run(main())

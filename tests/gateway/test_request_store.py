@@ -1,0 +1,121 @@
+"""The request record's scripts on a real Redis: ids scoped by tenant, enqueue once, cancel drops only
+entries no worker has read, and an aborted request is queued again once, however many handlers ask."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.errors import APIError
+from gateway.request_store import RequestStore, fingerprint, scoped_id
+from loragate import keys
+from loragate.messages import OutputEvent, QueuedRequest
+from loragate.types import SamplingParams
+
+WORKER = "w-store"
+
+
+def message(rid: str, prompt: tuple[int, ...] = (1, 2, 3)) -> QueuedRequest:
+    return QueuedRequest(rid, "tiny", prompt, SamplingParams(max_tokens=8), tenant="alice")
+
+
+def run(redis_url: str, body: Callable[[aioredis.Redis, RequestStore], Awaitable[None]]) -> None:
+    async def main() -> None:
+        r = aioredis.Redis.from_url(redis_url, socket_timeout=5)
+        try:
+            await r.xgroup_create(keys.queue(WORKER), keys.WORKER_GROUP, id="0", mkstream=True)
+            await asyncio.wait_for(body(r, RequestStore(r, ttl_s=60)), 10)
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())
+
+
+async def enqueue(r: aioredis.Redis, store: RequestStore, msg: QueuedRequest) -> str | None:
+    pipe = r.pipeline(transaction=False)
+    store.enqueue(pipe, msg, fingerprint(msg), WORKER)
+    (entry,) = await pipe.execute()
+    return entry.decode() if entry is not None else None
+
+
+def test_the_same_client_id_of_two_tenants_names_two_requests() -> None:
+    assert scoped_id("alice", "req-00000001") != scoped_id("bob", "req-00000001")
+    assert scoped_id("alice", "req-00000001") == scoped_id("alice", "req-00000001")
+    # A client id cannot reach into another namespace: `/` is not allowed in one.
+    assert scoped_id("alice", "x").split("/", 1)[1] == "x"
+
+
+def test_a_request_is_queued_once_and_a_retry_must_ask_the_same(redis_url: str) -> None:
+    async def body(r: aioredis.Redis, store: RequestStore) -> None:
+        msg = message(scoped_id("alice", "once-0001"))
+        assert not await store.exists(msg.request_id, fingerprint(msg))
+        assert await enqueue(r, store, msg) is not None
+        assert await enqueue(r, store, msg) is None  # the second try attaches, no second copy
+        assert await r.xlen(keys.queue(WORKER)) == 1
+        assert await store.exists(msg.request_id, fingerprint(msg))
+        assert 0 < await r.ttl(keys.request_record(msg.request_id)) <= 60
+        other = replace(msg, prompt_token_ids=(9, 9))
+        with pytest.raises(APIError) as e:
+            await store.exists(msg.request_id, fingerprint(other))
+        assert e.value.status == 409 and e.value.param == "X-Request-Id"
+
+    run(redis_url, body)
+
+
+def test_cancel_drops_an_entry_no_worker_has_read_and_writes_its_abort(redis_url: str) -> None:
+    async def body(r: aioredis.Redis, store: RequestStore) -> None:
+        msg = message(scoped_id("alice", "queued-0001"))
+        await enqueue(r, store, msg)
+        assert await store.cancel(msg.request_id) is True
+        assert await r.xlen(keys.queue(WORKER)) == 0  # no worker will ever read it
+        (_, fields), *rest = await r.xrange(keys.output(msg.request_id))
+        assert not rest and OutputEvent.from_json(fields[b"e"]).finish_reason == "abort"
+
+    run(redis_url, body)
+
+
+def test_cancel_of_an_entry_a_worker_has_read_goes_to_the_worker(redis_url: str) -> None:
+    async def body(r: aioredis.Redis, store: RequestStore) -> None:
+        msg = message(scoped_id("alice", "running-0001"))
+        await enqueue(r, store, msg)
+        await r.xreadgroup(keys.WORKER_GROUP, WORKER, {keys.queue(WORKER): ">"})  # the worker has it
+        pubsub = r.pubsub()
+        await pubsub.subscribe(keys.CANCEL)
+        try:
+            assert await store.cancel(msg.request_id) is False
+            assert await r.xlen(keys.queue(WORKER)) == 1  # its worker acknowledges it when it ends
+            got = None
+            while got is None:
+                got = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            assert got["data"].decode() == msg.request_id
+            assert not await r.exists(keys.output(msg.request_id))
+        finally:
+            await pubsub.aclose()
+
+    run(redis_url, body)
+
+
+def test_an_aborted_request_is_queued_again_once(redis_url: str) -> None:
+    async def body(r: aioredis.Redis, store: RequestStore) -> None:
+        msg = message(scoped_id("alice", "revive-0001"))
+        await enqueue(r, store, msg)
+        await store.cancel(msg.request_id)
+        ((abort_id, _),) = await r.xrange(keys.output(msg.request_id))
+        fp = fingerprint(msg)
+        again = replace(msg, attempt=1)
+        results = await asyncio.gather(*(store.revive(abort_id.decode(), again, fp, WORKER) for _ in range(5)))
+        assert sum(entry is not None for entry in results) == 1  # five handlers saw the abort; one queues
+        assert await r.xlen(keys.output(msg.request_id)) == 0  # the abort event is gone
+        ((entry_id, fields),) = await r.xrange(keys.queue(WORKER))
+        assert QueuedRequest.from_json(fields[b"m"]).attempt == 1
+        # The record points at the new entry: a cancel now drops that one.
+        assert await store.cancel(msg.request_id) is True
+        assert await r.xlen(keys.queue(WORKER)) == 0
+        # A stale abort id (not the stream's last entry any more) queues nothing.
+        assert await store.revive(abort_id.decode(), again, fp, WORKER) is None
+
+    run(redis_url, body)

@@ -1,0 +1,234 @@
+"""The worker through Redis outages, against a redis-server of the test's own that it crashes and restarts:
+running requests lose no output and repeat none (with and without persistence), a worker started before
+Redis joins when it comes up, a request re-routed while the worker was away is dropped rather than run
+twice, no command reaches a restarted Redis before the worker re-synced, and the heartbeat outlives
+engine steps longer than its TTL (but not a silent engine loop)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from loragate import keys
+from loragate.messages import OutputEvent, QueuedRequest, WorkerState
+from loragate.redis_retry import ServerGuard, server_run_id
+from loragate.redis_url import connect_sync
+from loragate.types import Request, RequestOutput, SamplingParams
+from tests.redis_process import RedisProcess, redis_process
+from tests.worker.test_service import collect, enqueue, make_service, prompt, running
+from worker.config import EngineConfig
+from worker.engine import LLMEngine
+from worker.heartbeat import Heartbeat
+from worker.ledger import Held, Ledger
+from worker.modelzoo.make import ZooPaths
+from worker.registry import AdapterRegistry
+from worker.service import WorkerService
+
+
+@pytest.fixture
+def aof() -> Iterator[RedisProcess]:
+    with redis_process(persistent=True) as server:
+        yield server
+
+
+def references(zoo: ZooPaths, msgs: list[QueuedRequest]) -> dict[str, list[int]]:
+    """Each request's tokens from an undisturbed offline run (greedy decoding)."""
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig())
+    done = engine.generate([Request(m.request_id, m.prompt_token_ids, m.params) for m in msgs])
+    return {c.request_id: c.token_ids for c in done}
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["aof", "no-persistence"])
+def test_a_redis_crash_mid_generation_loses_no_output_and_repeats_none(
+    zoo: ZooPaths, persistent: bool
+) -> None:
+    msgs = [
+        QueuedRequest(f"crash-{i}", "tiny", prompt(40 + i), SamplingParams(max_tokens=150, ignore_eos=True))
+        for i in range(6)
+    ]
+    expected = references(zoo, msgs)
+    with redis_process(persistent) as server:
+        client = server.client()
+        service = make_service(zoo, connect_sync(server.url))
+        with running(service) as thread:
+            for m in msgs:
+                enqueue(client, m)
+            wait_for(
+                lambda: all(client.xlen(keys.output(m.request_id)) >= 3 for m in msgs), 60, "first tokens"
+            )
+            server.kill()  # a crash, mid-generation
+            time.sleep(1.0)
+            assert thread.is_alive()  # the worker waits; it does not exit
+            server.start()
+            client = server.client()
+            for m in msgs:
+                events = collect(client, m.request_id)
+                tokens = [t for e in events for t in e.token_ids]
+                assert tokens == expected[m.request_id], m.request_id  # nothing lost, nothing repeated
+                assert [e.completion_tokens for e in events] == list(range(1, 151))
+                assert events[-1].finish_reason == "length"
+            wait_for(lambda: client.xlen(keys.queue("w1")) == 0, 10, "the acks")
+            wait_for(lambda: client.exists(keys.worker_state("w1")), 10, "the heartbeat")
+            assert service.outages == 1
+            # Re-announced: adapters (the registry was lost without persistence) and the consumer group.
+            assert client.hexists(keys.ADAPTERS, "tiny:qv-r8")
+            late = QueuedRequest("after", "tiny", prompt(99), SamplingParams(max_tokens=5, ignore_eos=True))
+            enqueue(client, late)
+            assert collect(client, "after")[-1].completion_tokens == 5
+
+
+def test_a_worker_started_before_redis_joins_when_it_comes_up(zoo: ZooPaths) -> None:
+    server = RedisProcess(persistent=False)
+    try:
+        service = make_service(zoo, connect_sync(server.url))
+        with running(service) as thread:
+            time.sleep(1.5)  # Redis is not there: the worker waits, with backoff
+            assert thread.is_alive()
+            server.start()
+            client = server.client()
+            params = SamplingParams(max_tokens=4, ignore_eos=True)
+            msg = QueuedRequest("late-redis", "tiny", prompt(5), params)
+            wait_for(lambda: client.exists(keys.worker_state("w1")), 10, "the heartbeat")
+            enqueue(client, msg)
+            assert collect(client, "late-redis")[-1].completion_tokens == 4
+            assert client.hexists(keys.ADAPTERS, "tiny:qv-r8")  # the adapter directory was published
+    finally:
+        server.close()
+
+
+def test_a_request_reaped_while_the_worker_was_away_is_dropped_and_a_lost_one_queued_again(
+    aof: RedisProcess,
+) -> None:
+    r = aof.client()
+    queue = keys.queue("w1")
+    r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)
+    msgs = [QueuedRequest(f"q{i}", "tiny", prompt(i), SamplingParams(max_tokens=8)) for i in range(3)]
+    for m in msgs:
+        r.xadd(queue, {"m": m.to_json()})
+    read = r.xreadgroup(keys.WORKER_GROUP, "w1", {queue: ">"})[0][1]
+    ledger = Ledger(r, "w1")
+    for (entry_id, _), m in zip(read, msgs, strict=True):
+        ledger.hold(Held(entry_id.decode(), m))
+    # A reaper took q0 over while w1 was out of reach (claimed, re-queued elsewhere, deleted here).
+    r.xclaim(queue, keys.WORKER_GROUP, "reaper", 0, [read[0][0]])
+    r.xack(queue, keys.WORKER_GROUP, read[0][0])
+    r.xdel(queue, read[0][0])
+    dropped, others = ledger.reclaim(lost=False)
+    assert dropped == ["q0"] and others == [] and set(ledger.active) == {"q1", "q2"}
+    # Redis lost q1's entry (a restart): it is queued again, already pending on w1, no one else's to read.
+    r.xack(queue, keys.WORKER_GROUP, read[1][0])
+    r.xdel(queue, read[1][0])
+    stranger = QueuedRequest("new", "tiny", prompt(7), SamplingParams(max_tokens=8))
+    r.xadd(queue, {"m": stranger.to_json()})  # queued by a gateway meanwhile
+    dropped, others = ledger.reclaim(lost=True)
+    assert dropped == [] and [m.request_id for _, m in others] == ["new"]
+    pending = r.xpending_range(queue, keys.WORKER_GROUP, "-", "+", 10, consumername="w1")
+    assert {p["message_id"].decode() for p in pending} == {
+        ledger.active["q1"].entry_id,
+        ledger.active["q2"].entry_id,
+        others[0][0],
+    }
+    r.close()
+
+
+def test_no_command_reaches_a_restarted_redis_before_the_owner_accepts_it(aof: RedisProcess) -> None:
+    r = aof.client()
+    guard = ServerGuard()
+    guard.install(r)
+    guard.accept(server_run_id(r.info("server")))
+    r.set("k", "v")
+    aof.restart()
+    with pytest.raises(redis.ConnectionError):
+        r.get("k")  # redis-py would reconnect silently; the guard refuses the new server
+    guard.open()
+    guard.accept(server_run_id(r.info("server")))
+    assert r.get("k") == b"v"  # from the append-only file
+    r.close()
+
+
+def test_the_heartbeat_outlives_an_engine_step_longer_than_its_ttl(zoo: ZooPaths, aof: RedisProcess) -> None:
+    """A step of four 2,000-token prefills on the `small` model (one engine step) takes longer than a
+    heartbeat TTL of 0.5 s: the worker must stay alive all through it."""
+    r = connect_sync(aof.url)
+    ttl = 0.5
+    beats = Heartbeat(aof.client(), "w1", interval_s=0.1, ttl_s=ttl)
+    engine = LLMEngine(zoo.base("small"), EngineConfig(max_num_batched_tokens=8192, num_kv_blocks=1024))
+    service = WorkerService(engine, r, "w1", "small", AdapterRegistry(r, "small"), heartbeat=beats)
+    steps: list[float] = []
+    step = engine.step
+
+    def timed_step() -> list[RequestOutput]:
+        started = time.perf_counter()
+        out = step()
+        steps.append(time.perf_counter() - started)
+        return out
+
+    engine.step = timed_step  # type: ignore[method-assign]
+    client = aof.client()
+    with running(service):
+        wait_for(lambda: client.exists(keys.worker_state("w1")), 10, "the first heartbeat")
+        missing = 0
+        for i in range(4):
+            long_prompt = tuple((7 * j + i) % 4000 + 10 for j in range(2000))
+            enqueue(client, QueuedRequest(f"big{i}", "small", long_prompt, SamplingParams(max_tokens=2)))
+        done = threading.Event()
+
+        def watch() -> None:
+            nonlocal missing
+            while not done.is_set():
+                missing += not client.exists(keys.worker_state("w1"))  # the worker looks dead
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            for i in range(4):
+                assert collect(client, f"big{i}", timeout=120)[-1].finish_reason == "length"
+        finally:
+            done.set()
+            watcher.join(5)
+    longest = max(steps)
+    print(f"longest engine step {longest:.2f} s, heartbeat TTL {ttl} s, {beats.beats} beats")
+    assert longest > ttl, f"no step was longer than the TTL ({longest:.2f} s): the test proves nothing"
+    assert missing == 0, f"the worker looked dead {missing} times (longest step {longest:.2f} s)"
+    client.close()
+
+
+def test_a_silent_engine_loop_lets_the_heartbeat_lapse(aof: RedisProcess) -> None:
+    r = aof.client()
+    beats = Heartbeat(r, "w1", interval_s=0.05, ttl_s=0.3, stale_after_s=0.4)
+    beats.publish(WorkerState("w1", "tiny", "/m", 64))
+    beats.start()
+    try:
+        wait_for(lambda: r.exists(keys.worker_state("w1")), 5, "a heartbeat")
+        wait_for(lambda: not r.exists(keys.worker_state("w1")), 5, "the heartbeat to lapse")
+        beats.publish(WorkerState("w1", "tiny", "/m", 64))  # the loop is back
+        wait_for(lambda: r.exists(keys.worker_state("w1")), 5, "the heartbeat again")
+    finally:
+        beats.remove()
+    assert not r.exists(keys.worker_state("w1"))
+    r.close()
+
+
+def test_missing_events_continue_a_stream_exactly() -> None:
+    from worker.ledger import missing_events
+
+    mine = [OutputEvent(token_ids=(t,), completion_tokens=c) for t, c in ((7, 4), (8, 5), (9, 6))]
+    final = OutputEvent(finish_reason="abort", completion_tokens=6)
+    assert missing_events(None, [*mine, final]) == [*mine, final]  # the stream is gone
+    assert missing_events(mine[0], [*mine, final]) == [mine[1], mine[2], final]
+    assert missing_events(mine[2], [*mine, final]) == [final]
+    assert missing_events(OutputEvent(finish_reason="length", completion_tokens=6), mine) == []
