@@ -7,6 +7,7 @@ import concurrent.futures
 import json
 import signal
 import time
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ import redis
 
 from loragate import keys
 from loragate.messages import OutputEvent
+from tests.e2e.outputs import stored_output
 from tests.e2e.stack import ADMIN_TOKEN, Stack
 
 KEY = {"Authorization": "Bearer sk-test-alice"}
@@ -70,38 +72,76 @@ def test_a_non_streaming_client_that_gives_up_cancels_its_request(stack: Stack) 
     stack.wait_idle()
 
 
-def _stream(url: str) -> tuple[str | None, int]:
+@dataclass
+class Progress:
+    """What one streamed request has shown so far (written by its thread, read by the test)."""
+
+    worker: str | None = None
+    chunks: int = 0  # text chunks received
+
+
+def _stream(
+    url: str, max_tokens: int = 60, request_id: str | None = None, progress: Progress | None = None
+) -> tuple[str | None, int]:
     """(finish reason, completion tokens from the usage chunk) of one streamed request."""
     body = {
         **LONG,
-        "max_tokens": 60,
+        "max_tokens": max_tokens,
         "prompt": "for i in range(10):",
         "stream_options": {"include_usage": True},
     }
+    headers = {**KEY, "X-Request-Id": request_id} if request_id else KEY
+    progress = progress or Progress()
     finish, tokens = None, 0
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=KEY, timeout=120) as resp:
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=120) as resp:
+        progress.worker = resp.headers.get("x-loragate-worker")
         for line in resp.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
                 if chunk["choices"]:
                     finish = chunk["choices"][0]["finish_reason"] or finish
+                    progress.chunks += 1
                 else:
                     tokens = chunk["usage"]["completion_tokens"]
     return finish, tokens
 
 
 def test_sigterm_drains_a_worker_without_losing_requests(stack: Stack) -> None:
+    """SIGTERM lands while the worker is generating: its running request still finishes, on it, in full;
+    requests sent while it drains go to the others. Nothing is lost."""
     stack.start_worker("w3")
     stack.wait_ready(workers=3)
     stack.wait_idle()
-    with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        futures = [pool.submit(_stream, stack.url) for _ in range(6)]
-        time.sleep(1.0)
+    max_tokens = 150
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+
+        def submit() -> tuple[str, Progress, concurrent.futures.Future[tuple[str | None, int]]]:
+            """A stream, once its first token is in (the routing header comes with it)."""
+            rid, progress = f"drain-{time.time_ns()}", Progress()
+            future = pool.submit(_stream, stack.url, max_tokens, rid, progress)
+            deadline = time.monotonic() + 30
+            while progress.worker is None:
+                assert time.monotonic() < deadline and not future.done(), future
+                time.sleep(0.01)
+            return rid, progress, future
+
+        before = [submit()]  # one stream at a time, until one is generating on w3
+        while before[-1][1].worker != "w3":
+            assert len(before) < 8, [p.worker for _, p, _ in before]
+            before.append(submit())
         proc = stack.workers.pop("w3")
+        sigterm_ms = time.time() * 1000
         proc.send_signal(signal.SIGTERM)
-        results = [f.result(timeout=120) for f in futures]
+        after = [submit() for _ in range(2)]
+        results = [f.result(timeout=120) for _, _, f in before + after]
     assert proc.wait(timeout=60) == 0  # it finished its work and exited cleanly
-    assert all(finish == "length" and tokens == 60 for finish, tokens in results)
+    assert all(finish == "length" and tokens == max_tokens for finish, tokens in results), results
+    assert all(p.worker != "w3" for _, p, _ in after)  # a draining worker takes nothing new
+    entries = stored_output(stack.redis_url, before[-1][0])
+    written_ms = [int(entry.split(b"-")[0]) for entry, _ in entries]  # a stream entry id is a time
+    assert written_ms[0] < sigterm_ms < written_ms[-1]  # w3 was generating when SIGTERM landed, and after
+    assert entries[-1][1].completion_tokens == max_tokens
+    assert {e.worker_id for _, e in entries} == {"w3"}  # all by the draining worker, not redone elsewhere
 
 
 def test_a_policy_put_reaches_a_second_gateway_and_bounds_queues_with_429(stack: Stack) -> None:
@@ -148,7 +188,8 @@ def test_a_policy_put_reaches_a_second_gateway_and_bounds_queues_with_429(stack:
 def test_ended_requests_free_admission_room_before_the_next_fleet_refresh(stack: Stack) -> None:
     """Fair admission holds requests back only while workers are busy: with room for one outstanding
     request per worker, back-to-back short requests never wait, because each one that ends is uncounted at
-    once (not only at the next fleet refresh, half a second later, which would stall every third one)."""
+    once (not only at the next fleet refresh, half a second later, which would stall every third one).
+    The positive control: twice as many concurrent requests as there is room for, and the extra ones wait."""
     stack.wait_idle()
     proc, url = stack.extra_gateway(fair_admission_per_worker=1)
     try:
@@ -156,8 +197,14 @@ def test_ended_requests_free_admission_room_before_the_next_fleet_refresh(stack:
         with httpx.Client(headers=KEY, timeout=60) as client:
             for _ in range(12):
                 assert client.post(f"{url}/v1/completions", json=body).status_code == 200
-        stats = httpx.get(f"{url}/admin/policy/stats", headers=ADMIN).json()
+        stats = httpx.get(f"{url}/admin/policy/stats", headers=ADMIN, timeout=10).json()
         assert stats["admission_waited"] == 0
+        workers = len(httpx.get(f"{url}/admin/workers", headers=ADMIN, timeout=10).json()["workers"])
+        with concurrent.futures.ThreadPoolExecutor(2 * workers) as pool:
+            busy = [pool.submit(_stream, url, 24) for _ in range(2 * workers)]
+            assert all(f.result(timeout=120) == ("length", 24) for f in busy)
+        stats = httpx.get(f"{url}/admin/policy/stats", headers=ADMIN, timeout=10).json()
+        assert stats["admission_waited"] >= workers  # the ones beyond the room held back, then served
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import json
 import time
 
 import httpx
 import openai
 import pytest
-import redis
 from tokenizers import Tokenizer
 
-from loragate import keys
-from loragate.messages import OutputEvent
 from loragate.types import Request, SamplingParams
+from tests.e2e.outputs import finished_output, stored_output
 from tests.e2e.stack import ADMIN_TOKEN, Stack
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
@@ -55,32 +52,6 @@ def expected_texts(engine: LLMEngine, jobs: list[tuple[str, str | None]], max_to
         for i, (p, a) in enumerate(jobs)
     ]
     return [c.text for c in engine.generate(reqs)]
-
-
-def stored_output(redis_url: str, request_id: str) -> list[tuple[bytes, OutputEvent]]:
-    """A request's output stream as its worker wrote it: (entry id, event) pairs. The stream's key may put
-    a tenant's namespace before the id, so it is found by the id (unique to its test)."""
-    r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
-    try:
-        found = list(r.scan_iter(match=keys.output(f"*{request_id}")))
-        assert len(found) == 1, found
-        return [(entry, OutputEvent.from_json(fields[b"e"])) for entry, fields in r.xrange(found[0])]
-    finally:
-        r.close()
-
-
-def finished_output(
-    redis_url: str, request_id: str, timeout: float = 60.0
-) -> list[tuple[bytes, OutputEvent]]:
-    """`stored_output` once its last event is in."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(AssertionError):  # not created yet
-            entries = stored_output(redis_url, request_id)
-            if entries and entries[-1][1].is_last:
-                return entries
-        time.sleep(0.1)
-    raise AssertionError(f"request {request_id} did not finish within {timeout} s")
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny:qv-r8", "all-r64"])

@@ -33,6 +33,21 @@ def test_below_capacity_nothing_waits() -> None:
     asyncio.run(run())
 
 
+def test_at_capacity_a_request_waits_until_room_frees() -> None:
+    """The positive control of the test above: the same request, with the worker full, waits."""
+
+    async def run() -> None:
+        f = fleet_with(4)
+        admission = FairAdmission(f, per_worker=4, tick_s=0.001)
+        waiting = asyncio.create_task(admission.admit("a", "tiny", 10, 10))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and admission.waited == 1
+        set_outstanding(f, 3)
+        await asyncio.wait_for(waiting, 0.5)
+
+    asyncio.run(run())
+
+
 def test_a_flood_does_not_starve_a_light_tenant() -> None:
     async def run() -> list[str]:
         f = fleet_with(4)
@@ -52,7 +67,7 @@ def test_a_flood_does_not_starve_a_light_tenant() -> None:
             await asyncio.sleep(0.003)
             set_outstanding(f, 4)
             await asyncio.sleep(0.001)
-        await asyncio.gather(*flood, *light)
+        await asyncio.wait_for(asyncio.gather(*flood, *light), 10)
         return order
 
     order = asyncio.run(run())
