@@ -61,7 +61,8 @@ def emit_spans(tracer: Tracer, t: RequestTimeline, worker_id: str, finish_reason
         "gen_ai.provider.name": "loragate",
         "gen_ai.request.model": msg.model,
         "gen_ai.request.max_tokens": msg.params.max_tokens,
-        "gen_ai.response.id": msg.request_id,
+        # The id the client got: the gateway puts the tenant's namespace before a '/' (request_store).
+        "gen_ai.response.id": msg.request_id.rpartition("/")[2],
         "gen_ai.response.finish_reasons": finish_reason or "",
         "gen_ai.usage.input_tokens": len(msg.prompt_token_ids),
         "gen_ai.usage.output_tokens": t.tokens,
