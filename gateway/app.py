@@ -39,6 +39,7 @@ from gateway.relay import OutputMux
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.tokenize import TokenizerStore
+from loragate.redis_retry import is_outage
 from loragate.redis_url import connect_async
 from loragate.tracing import make_provider
 from policies.default_policy import DEFAULT_POLICY
@@ -75,7 +76,12 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIterator[GatewayContext]:
     r = connect_async(settings.redis_url, max_connections=256)
     fleet = Fleet(r)
-    await fleet.refresh()
+    try:
+        await fleet.refresh()
+    except Exception as e:  # Redis not up yet: serve 503s and let the fleet loop retry
+        if not is_outage(e):
+            raise
+        log.warning("Redis is unreachable at start-up (%r); serving 503 until it is back", e)
     fleet.start()
     mux = OutputMux(settings.redis_url, r)
     await mux.start()

@@ -252,3 +252,36 @@ def test_queued_requests_are_served_if_redis_kept_them_else_fail_at_once(
                 assert resp.headers["retry-after"] == "2"
                 assert took < 20, figures
         assert first_success_after(stack.url, time.monotonic()) < 10
+
+
+def test_a_stack_started_before_redis_serves_once_redis_is_up(zoo: ZooPaths, tmp_path: Path) -> None:
+    """Gateway and worker start while Redis is still down (a service manager starts them in any order):
+    neither exits; the gateway answers /health and requests with 503 meanwhile; once Redis is up they
+    serve with no restart."""
+    with redis_process(persistent=False) as server:
+        server.kill()
+        (tmp_path / "stack").mkdir()
+        stack = Stack(zoo, server.url, tmp_path / "stack")
+        try:
+            stack.start_worker("w1")
+            stack.start_gateway()
+            wait_for(lambda: _health(stack.url) == 503, 60, "the gateway to answer while Redis is down")
+            resp = complete(stack.url, body(0, max_tokens=2), timeout=30)
+            assert resp.status_code == 503, resp.text
+            assert "retry-after" in resp.headers
+            assert stack.gateway is not None and stack.gateway.poll() is None, stack.logs()
+            assert all(p.poll() is None for p in stack.workers.values()), stack.logs()
+            server.start()
+            stack.wait_ready(workers=1)
+            assert first_success_after(stack.url, time.monotonic(), limit=30) < 30
+        finally:
+            if server.proc is None:
+                server.start()
+            stack.stop()
+
+
+def _health(url: str) -> int | None:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code
+    except httpx.HTTPError:
+        return None
