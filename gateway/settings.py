@@ -69,7 +69,14 @@ class GatewaySettings:
         raw = _checked(raw, str(path) if path is not None else "gateway settings")
         roots = tuple(Path(p).resolve() for p in raw.pop("adapter_roots", ()))
         keys = {str(k): str(v) for k, v in raw.pop("api_keys", {}).items()}
-        return GatewaySettings(redis_url=redis_url, adapter_roots=roots, api_keys=keys, **raw)
+        settings = GatewaySettings(redis_url=redis_url, adapter_roots=roots, api_keys=keys, **raw)
+        from gateway.overload import Limits  # it reads these settings: imported late, no cycle
+
+        try:  # nested admission bounds: a misspelled key is named with its file, not a traceback later
+            Limits.from_settings(settings)
+        except ValueError as err:
+            raise ConfigError(f"{path if path is not None else 'gateway settings'}: {err}") from None
+        return settings
 
 
 # Fields a config file cannot set, and where their value comes from instead.

@@ -105,6 +105,8 @@ def test_every_gateway_config_example_in_the_docs_loads(tmp_path: Path) -> None:
         ("adapter_roots: /models\n", "key 'adapter_roots' must be a list"),
         ("- api_keys\n", "expected a mapping of settings"),
         ("api_keys: {a: [\n", "not valid YAML"),
+        ("admission_models: {tiny: {max_queue: 5}}\n", "admission_models.tiny.max_queue: unknown key"),
+        ("admission_tenants: {bob: {wait_bound_s: -1}}\n", "admission_tenants.bob.wait_bound_s"),
     ],
 )
 def test_a_bad_config_is_an_error_naming_the_file_and_the_key(
