@@ -64,7 +64,8 @@ def test_adapter_registration_validates_names_and_paths(
     resp = httpx.put(f"{stack.url}/admin/adapters/{base}/{name}", json={"path": path}, headers=ADMIN)
     assert resp.status_code == status, resp.text
     if status >= 400 and resp.status_code != 404:
-        assert "error" in resp.json()
+        # A refusal names what was wrong: the adapter's name, or its path.
+        assert resp.json()["error"]["param"] == ("name" if path_kind == "good" else "path"), resp.text
 
 
 def test_register_list_pin_remove_adapter(stack: Stack, zoo: ZooPaths) -> None:
