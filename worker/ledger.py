@@ -35,7 +35,6 @@ from worker.tracing_spans import RequestTimeline
 
 log = logging.getLogger("loragate.worker")
 
-OUTPUT_TTL_S = 600
 RECENT_S = 30.0  # a finished request's events are kept this long, for a Redis that restarts and loses them
 
 
@@ -136,7 +135,7 @@ class Ledger:
             pipe = self.redis.pipeline(transaction=False)
             for rid, event in writes:
                 pipe.xadd(keys.output(rid), {"e": event.to_json()})
-                pipe.expire(keys.output(rid), OUTPUT_TTL_S)
+                pipe.expire(keys.output(rid), keys.OUTPUT_TTL_S)
             pipe.execute()
             log.warning("wrote again %d output events that had not reached Redis", len(writes))
         return len(writes)

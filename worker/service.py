@@ -39,7 +39,7 @@ from loragate.types import Request, RequestOutput
 from worker.engine import LLMEngine
 from worker.heartbeat import DecodeRate, Heartbeat, engine_state
 from worker.kv_events import KVEventLog
-from worker.ledger import OUTPUT_TTL_S, Held, Ledger, read_entries
+from worker.ledger import Held, Ledger, read_entries
 from worker.lora import AdapterError
 from worker.registry import AdapterRegistry
 from worker.tracing_spans import RequestTimeline, emit_spans
@@ -267,7 +267,7 @@ class WorkerService:
             worker_id=self.worker_id, error={"message": message, "type": kind, "code": None, "status": status}
         )
         self.redis.xadd(keys.output(msg.request_id), {"e": event.to_json()})
-        self.redis.expire(keys.output(msg.request_id), OUTPUT_TTL_S)
+        self.redis.expire(keys.output(msg.request_id), keys.OUTPUT_TTL_S)
         self._ack(entry_id)
 
     def _ack(self, entry_id: str) -> None:
@@ -288,7 +288,7 @@ class WorkerService:
         for out in outputs:
             if (event := self.ledger.record(out)) is not None:
                 pipe.xadd(keys.output(out.request_id), {"e": event.to_json()})
-                pipe.expire(keys.output(out.request_id), OUTPUT_TTL_S)
+                pipe.expire(keys.output(out.request_id), keys.OUTPUT_TTL_S)
                 if event.is_last:
                     finished.append(out.request_id)
         for rid in finished:
