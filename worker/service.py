@@ -7,7 +7,8 @@ events, and a non-blocking read of newly queued requests (only as many as the en
 the rest wait in Redis where they can be re-routed). The heartbeat has a thread of its own
 (`worker.heartbeat`), fed a state snapshot by this loop, so a long step never makes the worker look dead.
 SIGTERM drains: the heartbeat says `draining`, no new admissions, running requests finish, then the
-heartbeat is removed so gateways re-route whatever is still queued.
+heartbeat is removed so gateways re-route whatever is still queued. A drain while Redis is down stops the
+worker at once: what runs cannot be delivered anyway, and the gateways re-route it from its queue.
 
 Redis may vanish at any moment, for any length of time. Every event is kept in memory until its request
 has finished and been acknowledged (and `RECENT_S` longer), so what Redis loses can be written again.
@@ -118,8 +119,11 @@ class WorkerService:
                     break
                 except OUTAGE_ERRORS as e:  # pause stepping: the ledger keeps whatever was not written
                     outage.failed(e)
+                    if self.draining.is_set():
+                        self._abandon()
+                        break
                     self._publish_state()  # alive, only waiting: the heartbeat goes out once Redis is back
-                    time.sleep(backoff.next())
+                    self.draining.wait(backoff.next())  # a drain ends the wait at once
             with contextlib.suppress(*OUTAGE_ERRORS):  # KV events only steer routing
                 self.kv_events.emit(self.redis, self.kv_events.deferred)
         finally:
@@ -128,6 +132,19 @@ class WorkerService:
                 with contextlib.suppress(*OUTAGE_ERRORS):
                     self._pubsub.close()
             self.stopped.set()
+
+    def _abandon(self) -> None:
+        """Draining while Redis is down: stop now rather than wait for it. Nothing running here can be
+        delivered without Redis; the queue entries stay pending on this worker, and once its heartbeat has
+        lapsed a gateway's reaper re-routes them, to continue from what their output streams hold."""
+        running = sorted(self.active)
+        log.warning(
+            "worker %s: draining while Redis is unreachable; stopping now and leaving %d running requests "
+            "to be re-routed by a gateway once this worker's heartbeat lapses: %s",
+            self.worker_id,
+            len(running),
+            ", ".join(running[:20]) + (" ..." if len(running) > 20 else ""),
+        )
 
     def _serve(self) -> None:
         while not (self.draining.is_set() and not self.engine.has_unfinished()):

@@ -232,3 +232,35 @@ def test_missing_events_continue_a_stream_exactly() -> None:
     assert missing_events(mine[0], [*mine, final]) == [mine[1], mine[2], final]
     assert missing_events(mine[2], [*mine, final]) == [final]
     assert missing_events(OutputEvent(finish_reason="length", completion_tokens=6), mine) == []
+
+
+def test_a_drain_while_redis_is_down_stops_the_worker_promptly(zoo: ZooPaths, aof: RedisProcess) -> None:
+    """SIGTERM during an outage must not wait for Redis: the worker stops within a few seconds, and its
+    running request stays pending in its queue (a reaper re-routes it once the heartbeat lapses)."""
+    client = aof.client()
+    service = make_service(zoo, connect_sync(aof.url))
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        params = SamplingParams(max_tokens=1500, ignore_eos=True)
+        enqueue(client, QueuedRequest("long", "tiny", prompt(3), params))
+        wait_for(lambda: client.xlen(keys.output("long")) >= 3, 60, "first tokens")
+        aof.kill()
+        time.sleep(0.5)  # the worker is in its outage loop now
+        assert thread.is_alive()
+        asked = time.monotonic()
+        service.drain()
+        thread.join(10)
+        took = time.monotonic() - asked
+        assert not thread.is_alive(), "the worker ignored the drain while Redis was down"
+        assert took < 5.0, f"the drain took {took:.1f} s"
+        aof.start()
+        client = aof.client()
+        pending = client.xpending(keys.queue("w1"), keys.WORKER_GROUP)
+        assert pending["pending"] == 1  # left for a reaper, not acknowledged
+    finally:
+        service.drain()
+        if thread.is_alive() and aof.proc is None:
+            aof.start()  # let a worker that waits for Redis get through its drain
+        thread.join(30)
+        client.close()
