@@ -90,3 +90,33 @@ def test_a_fresh_redis_gives_workers_the_grace_too(monkeypatch: pytest.MonkeyPat
                 await r.aclose()
 
         assert asyncio.run(main())
+
+
+def test_a_move_run_twice_queues_one_copy_and_points_the_record_at_it(redis_url: str) -> None:
+    """The reaper's client retries a command whose reply was lost, and two gateways' reapers may take the
+    same entry: a move run twice must leave one copy, and the request's record must name it."""
+    msg = QueuedRequest("moved-1", "tiny", (1, 2, 3), SamplingParams(max_tokens=4))
+
+    async def main() -> None:
+        r = connect_async(redis_url)
+        try:
+            await r.set(keys.worker_state("w2"), state("w2"), ex=60)
+            dead = keys.queue("w1")
+            await r.xgroup_create(dead, keys.WORKER_GROUP, id="0", mkstream=True)
+            entry = await r.xadd(dead, {"m": msg.to_json()})
+            await r.hset(keys.request_record("moved-1"), mapping={"fp": "x", "queue": dead, "entry": entry})
+            await r.xreadgroup(keys.WORKER_GROUP, "w1", {dead: ">"})  # w1 read it, then died
+            fleet = Fleet(r)
+            await fleet.refresh()
+            reaper = Reaper(r, fleet, "reaper-test")
+            assert await reaper._reroute(dead, entry, msg)
+            assert not await reaper._reroute(dead, entry, msg)  # again, as a retry would
+            copies = await r.xrange(keys.queue("w2"))
+            assert len(copies) == 1, f"{len(copies)} copies queued"
+            record = await r.hgetall(keys.request_record("moved-1"))
+            assert record[b"queue"].decode() == keys.queue("w2") and record[b"entry"] == copies[0][0]
+            assert await r.xlen(dead) == 0
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())

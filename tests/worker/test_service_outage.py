@@ -264,3 +264,29 @@ def test_a_drain_while_redis_is_down_stops_the_worker_promptly(zoo: ZooPaths, ao
             aof.start()  # let a worker that waits for Redis get through its drain
         thread.join(30)
         client.close()
+
+
+_SLOW = """
+local t = redis.call('TIME')
+repeat
+    local n = redis.call('TIME')
+until (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > 400000
+return 1
+"""
+
+
+def test_the_worker_client_does_not_run_a_transaction_twice(aof: RedisProcess) -> None:
+    """A transaction whose reply is lost (here: it outlasts the socket timeout) has run; the worker's client
+    must not send it again, or a step's output events would be written twice."""
+    r = connect_sync(aof.url, socket_timeout=0.2)
+    pipe = r.pipeline(transaction=True)
+    pipe.xadd("lg:out:twice", {"e": "x"})
+    pipe.eval(_SLOW, 0)
+    with pytest.raises(redis.TimeoutError):
+        pipe.execute()
+    client = aof.client()
+    wait_for(lambda: client.ping(), 5, "the script to end")
+    time.sleep(0.5)  # a retried transaction would have run by now
+    assert client.xlen("lg:out:twice") == 1
+    r.close()
+    client.close()
