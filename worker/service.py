@@ -205,8 +205,11 @@ class WorkerService:
         return self.max_waiting - len(self.engine.scheduler.waiting)
 
     def _admit(self, pending: bool, block_ms: int = 0) -> None:
-        """Read queued requests: our own pending entries ("0", after a restart) or new ones (">")."""
-        if self._room() <= 0:
+        """Read queued requests: our own pending entries ("0", at every re-sync) or new ones (">", only as
+        many as there is room for). Pending ones are read whatever the room (the engine queues them): an
+        entry pending here but not held — read by a command whose reply was lost — has no other reader, and
+        a reaper never takes it from a live worker."""
+        if not pending and self._room() <= 0:
             return
         block = block_ms if block_ms > 0 and not pending else None  # BLOCK 0 would wait forever
         try:

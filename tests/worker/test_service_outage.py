@@ -290,3 +290,31 @@ def test_the_worker_client_does_not_run_a_transaction_twice(aof: RedisProcess) -
     assert client.xlen("lg:out:twice") == 1
     r.close()
     client.close()
+
+
+def test_an_entry_read_by_a_lost_reply_is_started_even_when_the_worker_is_full(
+    zoo: ZooPaths, aof: RedisProcess
+) -> None:
+    """A read whose reply was lost leaves its entries pending on the worker, which does not know them; no
+    reaper takes entries from a live worker, so the re-sync after the error must start them, even while
+    the engine has no room for new work."""
+    r = connect_sync(aof.url, socket_timeout=0.3)
+    registry = AdapterRegistry(r, "tiny")
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=256, max_num_seqs=1))
+    service = WorkerService(engine, r, "w1", "tiny", registry, max_waiting=1)
+    client = aof.client()
+    long = SamplingParams(max_tokens=1900, ignore_eos=True)
+    with running(service):
+        enqueue(client, QueuedRequest("runs", "tiny", prompt(1), long))
+        enqueue(client, QueuedRequest("waits", "tiny", prompt(2), SamplingParams(max_tokens=4)))
+        wait_for(lambda: len(engine.scheduler.waiting) == 1, 30, "a full worker")
+        # A read as w1 whose reply never arrived: the entry is pending on w1, unknown to it.
+        enqueue(client, QueuedRequest("stranded", "tiny", prompt(3), SamplingParams(max_tokens=4)))
+        client.xreadgroup(keys.WORKER_GROUP, "w1", {keys.queue("w1"): ">"})
+        outages = service.outages
+        client.client_pause(1000)  # the worker's next command times out: it re-syncs when Redis answers
+        wait_for(lambda: service.outages > outages, 30, "the re-sync")
+        assert service._room() <= 0 and "runs" in service.active  # it was full all along
+        events = collect(client, "stranded", timeout=60)
+        assert events[-1].completion_tokens == 4
+    client.close()
