@@ -8,7 +8,8 @@ After Redis comes back the worker repairs what it lost, in this order (`WorkerSe
 
 1. `reclaim`: running requests whose queue entry is no longer pending on this worker. If Redis lost the
    entry (it restarted, or the consumer group is new), it is queued again, already read by this worker
-   (one transaction), so a reaper could still re-route it should this worker die later. If not, a
+   (one transaction, which also points the request's record `lg:req:{id}` at the new entry), so a reaper
+   could still re-route it should this worker die later, and a client's retry attaches to it. If not, a
    gateway's reaper re-routed it while this worker was out of reach: the worker drops its copy, since the
    new owner continues from the output stream and two writers would interleave.
 2. `repair`: the events each output stream lacks. Every event carries the request's cumulative
@@ -28,7 +29,7 @@ from typing import Any
 
 import redis
 
-from loragate import keys
+from loragate import keys, request_record
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import RequestOutput
 from worker.tracing_spans import RequestTimeline
@@ -186,12 +187,13 @@ def restore_entries(
     r: redis.Redis, queue: str, consumer: str, messages: Iterable[QueuedRequest]
 ) -> tuple[dict[str, str], list[tuple[str, QueuedRequest]]]:
     """Queue `messages` again and read them as `consumer` in one transaction, so no other reader can take
-    them. Returns their new entry ids, and every other new entry that this read took (queued by gateways
-    meanwhile: the caller starts those)."""
+    them; each request's record names its new entry, so a client's retry attaches to it rather than
+    queueing a copy. Returns their new entry ids, and every other new entry that this read took (queued by
+    gateways meanwhile: the caller starts those)."""
     pipe = r.pipeline(transaction=True)
     messages = list(messages)
     for msg in messages:
-        pipe.xadd(queue, {"m": msg.to_json()})
+        pipe.eval(request_record.REQUEUE, 2, queue, keys.request_record(msg.request_id), msg.to_json())
     pipe.xreadgroup(keys.WORKER_GROUP, consumer, {queue: ">"})
     *added, reply = pipe.execute()
     ours = {_text(a): m.request_id for a, m in zip(added, messages, strict=True)}

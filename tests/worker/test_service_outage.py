@@ -6,6 +6,7 @@ engine steps longer than its TTL (but not a silent engine loop)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,10 +14,11 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from gateway.request_store import RequestStore, fingerprint
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState
 from loragate.redis_retry import ServerGuard, server_run_id
-from loragate.redis_url import connect_sync
+from loragate.redis_url import connect_async, connect_sync
 from loragate.types import Request, RequestOutput, SamplingParams
 from tests.redis_process import RedisProcess, redis_process
 from tests.worker.test_service import collect, enqueue, make_service, prompt, running
@@ -318,3 +320,40 @@ def test_an_entry_read_by_a_lost_reply_is_started_even_when_the_worker_is_full(
         events = collect(client, "stranded", timeout=60)
         assert events[-1].completion_tokens == 4
     client.close()
+
+
+def test_a_request_queued_again_after_redis_lost_it_keeps_its_record(aof: RedisProcess) -> None:
+    """The gateway finds a request through its record (`lg:req:{id}`: queue, entry); once the worker queued
+    a running request again under a new entry id, a client's retry with the same id must attach to it."""
+    r = aof.client()
+    queue = keys.queue("w1")
+    r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)
+    msg = QueuedRequest("kept", "tiny", prompt(1), SamplingParams(max_tokens=8))
+    fp = fingerprint(msg)
+
+    async def gateway(retry: bool) -> bool:
+        """The gateway queues the request (its first try), or finds it (a retry); on its own loop."""
+        store_client = connect_async(aof.url)
+        try:
+            store = RequestStore(store_client, ttl_s=600)
+            if retry:
+                return await store.exists("kept", fp)
+            pipe = store_client.pipeline(transaction=False)
+            store.enqueue(pipe, msg, fp, "w1")
+            return bool((await pipe.execute())[0])
+        finally:
+            await store_client.aclose()
+
+    assert asyncio.run(gateway(retry=False))
+    (old_id, _), *_ = r.xreadgroup(keys.WORKER_GROUP, "w1", {queue: ">"})[0][1]
+    ledger = Ledger(r, "w1")
+    ledger.hold(Held(old_id.decode(), msg))
+    r.xack(queue, keys.WORKER_GROUP, old_id)  # Redis lost the entry (no output written yet either)
+    r.xdel(queue, old_id)
+    assert ledger.reclaim(lost=True) == ([], [])
+    new_id = ledger.active["kept"].entry_id
+    record = r.hgetall(keys.request_record("kept"))
+    assert record[b"queue"].decode() == queue and record[b"entry"].decode() == new_id
+    # A client's retry attaches to the running request instead of queueing a second copy.
+    assert asyncio.run(gateway(retry=True))
+    r.close()
