@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 import gateway.fleet
 from gateway.fleet import Fleet
 from gateway.reaper import Reaper
-from gateway.relay import EventChannel
+from gateway.relay import EventChannel, OutputMux
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState
 from loragate.redis_url import connect_async
@@ -120,3 +120,46 @@ def test_a_move_run_twice_queues_one_copy_and_points_the_record_at_it(redis_url:
             await r.aclose()
 
     asyncio.run(main())
+
+
+def test_a_stream_subscribed_while_the_relay_reconnects_is_read_at_once() -> None:
+    """A subscribe while the relay re-reads its connection's id after a restart must neither wake a read
+    by the old server's client id (another client's, perhaps) nor wait out the next blocking read."""
+    with redis_process(persistent=False) as server:
+
+        async def main() -> float:
+            control = connect_async(server.url)
+            mux = OutputMux(server.url, control, block_ms=5000)
+            reconnecting, resume = asyncio.Event(), asyncio.Event()
+            reconnected = mux._reconnected
+
+            async def slow_reconnect() -> None:
+                if mux._run_id is not None:  # after the restart: hold it here while a stream subscribes
+                    reconnecting.set()
+                    await resume.wait()
+                await reconnected()
+
+            mux._reconnected = slow_reconnect  # type: ignore[method-assign]
+            try:
+                await mux.start()
+                await mux.subscribe("first")
+                while not mux._blocked:
+                    await asyncio.sleep(0.01)
+                await asyncio.to_thread(server.restart)
+                await asyncio.wait_for(reconnecting.wait(), 10)
+                channel = await mux.subscribe("second")
+                resume.set()
+                await asyncio.sleep(0.2)  # the relay is in its next blocking read
+                loop = asyncio.get_running_loop()
+                sent = loop.time()
+                event = OutputEvent(token_ids=(5,), text="5", completion_tokens=1)
+                await control.xadd(keys.output("second"), {"e": event.to_json()})
+                got = await channel.get(10.0)
+                assert got == event
+                return loop.time() - sent
+            finally:
+                await mux.stop()
+                await control.aclose()
+
+        took = asyncio.run(main())
+        assert took < 1.0, f"the event took {took:.1f} s (the relay's read did not include its stream)"
