@@ -121,7 +121,17 @@ class Ledger:
         for rid, entry_id in ids.items():
             self.active[rid].entry_id = entry_id
         log.warning("queued %d running requests again that Redis had lost", len(ids))
-        return [], others
+        # A restart that lost only the read (not the entry) leaves the old entry unread: that read took it
+        # too. It is a second copy of a request running here (starting it would fail "id in use"): drop it.
+        copies = [entry_id for entry_id, msg in others if msg.request_id in self.active]
+        if copies:
+            pipe = self.redis.pipeline(transaction=False)
+            for entry_id in copies:
+                pipe.xack(self.queue, keys.WORKER_GROUP, entry_id)
+                pipe.xdel(self.queue, entry_id)
+            pipe.execute()
+            log.warning("dropped %d old queue entries of requests queued again", len(copies))
+        return [], [(entry_id, msg) for entry_id, msg in others if msg.request_id not in self.active]
 
     def repair(self, restarted: bool) -> int:
         """Step 2: write what the output streams lack; returns how many events that was."""

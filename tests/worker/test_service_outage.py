@@ -357,3 +357,20 @@ def test_a_request_queued_again_after_redis_lost_it_keeps_its_record(aof: RedisP
     # A client's retry attaches to the running request instead of queueing a second copy.
     assert asyncio.run(gateway(retry=True))
     r.close()
+
+
+def test_an_entry_whose_read_redis_lost_is_not_started_a_second_time(aof: RedisProcess) -> None:
+    """An AOF restart may keep an entry but lose its read (the last second): the worker queues its running
+    request again, and the old, now unread entry must not come back to it as a new request."""
+    r = aof.client()
+    queue = keys.queue("w1")
+    r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)
+    msg = QueuedRequest("once", "tiny", prompt(1), SamplingParams(max_tokens=8))
+    old_id = r.xadd(queue, {"m": msg.to_json()}).decode()  # read by w1, but Redis lost the read
+    ledger = Ledger(r, "w1")
+    ledger.hold(Held(old_id, msg))
+    assert ledger.reclaim(lost=True) == ([], [])  # nothing else to start
+    entries = r.xrange(queue)
+    assert [e[0].decode() for e in entries] == [ledger.active["once"].entry_id] != [old_id]
+    assert r.xpending(queue, keys.WORKER_GROUP)["pending"] == 1
+    r.close()
