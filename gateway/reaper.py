@@ -23,8 +23,7 @@ import logging
 import redis.asyncio as aioredis
 
 from gateway.fleet import Fleet, WorkerView
-from gateway.request_store import note_moved
-from loragate import keys
+from loragate import keys, request_record
 from loragate.messages import QueuedRequest, streamed_so_far
 from loragate.redis_retry import Backoff, OutageLog, is_outage
 
@@ -118,24 +117,37 @@ class Reaper:
 
     async def _reroute(self, queue: str, entry_id: bytes, msg: QueuedRequest) -> bool:
         streamed, _, done = streamed_so_far(await self.redis.xrange(keys.output(msg.request_id)))
-        if not done:
-            worker = least_loaded(self.fleet, msg.model)
-            if worker is None:
-                return False  # no live worker for this model yet: retry next pass
-            moved = dataclasses.replace(msg, attempt=msg.attempt + 1, resume_token_ids=tuple(streamed))
-            target = keys.queue(worker.state.worker_id)
-            entry = await self.redis.xadd(target, {"m": moved.to_json()})
-            await note_moved(self.redis, msg.request_id, target, entry)  # before the old one goes
-            self.fleet.note_enqueued(worker.state.worker_id)
-            log.info(
-                "re-routed %s from %s to %s after %d tokens",
-                msg.request_id,
-                queue,
-                worker.state.worker_id,
-                len(streamed),
-            )
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.xack(queue, keys.WORKER_GROUP, entry_id)
-        pipe.xdel(queue, entry_id)
-        await pipe.execute()
-        return not done
+        if done:  # only its ack was lost
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xack(queue, keys.WORKER_GROUP, entry_id)
+            pipe.xdel(queue, entry_id)
+            await pipe.execute()
+            return False
+        worker = least_loaded(self.fleet, msg.model)
+        if worker is None:
+            return False  # no live worker for this model yet: retry next pass
+        moved = dataclasses.replace(msg, attempt=msg.attempt + 1, resume_token_ids=tuple(streamed))
+        target = keys.queue(worker.state.worker_id)
+        # One script: queue the copy, point the request's record at it, drop the old entry — only if the
+        # old entry is still there, so a retried call (its reply lost) or another reaper adds no second copy.
+        entry = await self.redis.eval(
+            request_record.MOVE,
+            3,
+            queue,
+            target,
+            keys.request_record(msg.request_id),
+            entry_id,
+            moved.to_json(),
+            keys.WORKER_GROUP,
+        )
+        if entry is None:
+            return False
+        self.fleet.note_enqueued(worker.state.worker_id)
+        log.info(
+            "re-routed %s from %s to %s after %d tokens",
+            msg.request_id,
+            queue,
+            worker.state.worker_id,
+            len(streamed),
+        )
+        return True

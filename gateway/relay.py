@@ -221,17 +221,21 @@ class OutputMux:
             if not self.subs:
                 self._wake.clear()
                 await self._wake.wait()
-            streams = self._positions()
-            self._blocked, self._unblocking = True, False
             try:
                 if self._stale:
                     await self._reconnected()
+                    continue  # streams may have come and gone meanwhile: look again
+                # No await between the positions and the read: a stream subscribed after them is not in
+                # this read, so its subscribe wakes the read, by this connection's (fresh) id.
+                streams = self._positions()
+                self._blocked, self._unblocking = True, False
                 reply = await self._reader.xread(streams, count=self.batch, block=self.block_ms)
             except Exception as e:
                 if not is_outage(e):
                     log.exception("output relay read failed; retrying")
                 outage.failed(e)
-                self._stale = True
+                # The connection's id died with it (a restarted server may give it to another client).
+                self._stale, self._reader_id = True, None
                 await asyncio.sleep(backoff.next())
                 continue
             finally:

@@ -99,12 +99,6 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return entry
 """
 
-_MOVED = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-    redis.call('HSET', KEYS[1], 'queue', ARGV[1], 'entry', ARGV[2])
-end
-"""
-
 ABORTED = OutputEvent(finish_reason="abort").to_json()  # what the worker would have written
 
 
@@ -112,12 +106,6 @@ def fingerprint(msg: QueuedRequest) -> str:
     """What was asked (model, adapter, prompt, sampling): a retry must ask the same."""
     what = [msg.model, msg.adapter, msg.operation, msg.prompt_token_ids, shallow_dict(msg.params)]
     return hashlib.sha256(json.dumps(what, separators=(",", ":")).encode()).hexdigest()[:32]
-
-
-async def note_moved(r: aioredis.Redis, request_id: str, queue: str, entry: bytes | str) -> None:
-    """The request's queue entry is now `entry` on `queue` (the reaper moved it off a dead worker's queue):
-    retries and cancels find it there."""
-    await r.eval(_MOVED, 1, keys.request_record(request_id), queue, entry)
 
 
 def _text(value: bytes | str | None) -> str | None:

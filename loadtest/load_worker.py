@@ -41,10 +41,7 @@ from loragate.redis_url import connect_async
 
 log = logging.getLogger("loragate.loadtest")
 
-# The real worker's figures (worker.service), repeated here so a load worker does not import torch.
-HEARTBEAT_S = 1.0
-HEARTBEAT_TTL_S = 3
-OUTPUT_TTL_S = 600
+HEARTBEAT_S = 1.0  # the real worker's interval (worker.heartbeat, which imports torch)
 FAKE_KV_BLOCKS = 1 << 20  # a load worker holds no KV cache; announce plenty so no policy avoids it
 
 
@@ -214,7 +211,7 @@ class LoadWorker:
             error = {"message": "the request's deadline passed while it was queued", "type": "timeout"}
             event = OutputEvent(worker_id=self.config.worker_id, error={**error, "code": None, "status": 504})
             await self.redis.xadd(keys.output(msg.request_id), {"e": event.to_json()})
-            await self.redis.expire(keys.output(msg.request_id), OUTPUT_TTL_S)
+            await self.redis.expire(keys.output(msg.request_id), keys.OUTPUT_TTL_S)
             await self._ack([entry_id])
             return
         resumed = len(streamed) or len(msg.resume_token_ids)
@@ -257,7 +254,7 @@ class LoadWorker:
             event = seq.next_event(self.config.worker_id)
             key = keys.output(seq.message.request_id)
             pipe.xadd(key, {"e": event.to_json()})
-            pipe.expire(key, OUTPUT_TTL_S)
+            pipe.expire(key, keys.OUTPUT_TTL_S)
             self.stats.tokens += len(event.token_ids)
             if seq.finished:
                 finished.append(seq)
@@ -310,7 +307,7 @@ class LoadWorker:
         key = keys.worker_state(self.config.worker_id)
         # Waiting, as a real worker reports it: requests it holds but does not run (here: still unread).
         waiting = max(0, await self.redis.xlen(self.queue) - len(self.active))
-        await self.redis.set(key, self.state(waiting).to_json(), ex=HEARTBEAT_TTL_S)
+        await self.redis.set(key, self.state(waiting).to_json(), ex=keys.HEARTBEAT_TTL_S)
 
     async def _heartbeat_loop(self) -> None:
         while True:

@@ -35,6 +35,9 @@ WORKER_STATE_PATTERN = f"{PREFIX}:w:*"
 QUEUE_PATTERN = f"{PREFIX}:q:*"
 
 
+HEARTBEAT_TTL_S = 3  # a worker's heartbeat key expires this long after its last beat (it beats every second)
+
+
 def events(worker_id: str) -> str:
     """Stream of a worker's KV-block and adapter residency events (precise routing index)."""
     return f"{PREFIX}:events:{worker_id}"
@@ -46,6 +49,7 @@ def decision(decision_id: str) -> str:
 
 
 EVENTS_PATTERN = f"{PREFIX}:events:*"
+EVENTS_MAXLEN = 20_000  # a KV-event stream is trimmed to about this many entries
 
 
 def worker_id_of_queue(key: str) -> str:

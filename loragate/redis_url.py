@@ -1,8 +1,13 @@
 """Connect to Redis from a URL (`redis://`, `rediss://`, `unix://`), defaulting to `$REDIS_URL`.
 
-Clients retry a failed command once, at once: after a Redis restart every pooled connection is stale and
-its first command fails, the retry reconnects. Longer outages are not retried here, where a caller would
-block for seconds, but in each process's loops (`loragate.redis_retry`), which back off and re-announce.
+A client may retry a failed command once, at once: after a Redis restart every pooled connection is stale
+and its first command fails, the retry reconnects. But a command whose reply was lost (a timeout, a
+connection dropped after the server ran it) has perhaps run, and a retry runs it again: only clients whose
+commands are all idempotent retry (the gateway's, whose writes are scripts that check first; the worker's
+heartbeat). The worker's engine client does not: a transaction of output events run twice would stream
+tokens twice, and a re-sync (`worker.ledger`) repairs whatever a failed command left. Longer outages are
+not retried here, where a caller would block for seconds, but in each process's loops
+(`loragate.redis_retry`), which back off and re-announce.
 """
 
 from __future__ import annotations
@@ -40,11 +45,19 @@ def async_retry_once() -> AsyncRetry:
     return AsyncRetry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), 1)
 
 
-def connect_sync(url: str | None, socket_timeout: float = 10.0) -> redis.Redis:
+def no_retry() -> Retry:
+    return Retry(NoBackoff(), 0)  # redis-py's default (`retry=None`) would retry 3 times
+
+
+def connect_sync(url: str | None, socket_timeout: float = 10.0, idempotent: bool = False) -> redis.Redis:
     """A blocking client (the worker's). Its reads are short (`BLOCK` ≤ 100 ms), so a socket timeout bounds
-    how long a server that stopped answering (without closing the connection) can hold a thread."""
+    how long a server that stopped answering (without closing the connection) can hold a thread. It
+    retries a failed command only if the caller says that every command it sends may run twice."""
     return redis.Redis.from_url(
-        resolve(url), retry=retry_once(), socket_timeout=socket_timeout, socket_connect_timeout=2.0
+        resolve(url),
+        retry=retry_once() if idempotent else no_retry(),
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=2.0,
     )
 
 

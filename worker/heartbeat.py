@@ -28,7 +28,6 @@ from worker.engine import LLMEngine
 log = logging.getLogger("loragate.worker")
 
 HEARTBEAT_S = 1.0
-HEARTBEAT_TTL_S = 3.0
 STALE_AFTER_S = 60.0  # no snapshot from the engine loop for this long: a wedged engine, stop beating
 
 
@@ -38,7 +37,7 @@ class Heartbeat:
         r: redis.Redis,
         worker_id: str,
         interval_s: float = HEARTBEAT_S,
-        ttl_s: float = HEARTBEAT_TTL_S,
+        ttl_s: float = keys.HEARTBEAT_TTL_S,
         stale_after_s: float = STALE_AFTER_S,
     ):
         self.redis, self.worker_id = r, worker_id

@@ -17,7 +17,6 @@ from loragate import keys
 from policies.events import EventType, KVEvent
 from worker.engine import LLMEngine
 
-EVENTS_MAXLEN = 20_000
 STORED_CHUNK = 4096  # hashes per "stored" event of a snapshot
 _RANK = {"device": 2, "host": 1, "disk": 0}
 
@@ -62,7 +61,7 @@ class KVEventLog:
 
     def add(self, pipe: Pipeline, events: list[KVEvent]) -> None:
         for event in events:
-            pipe.xadd(self.key, {"e": event.to_json()}, maxlen=EVENTS_MAXLEN, approximate=True)
+            pipe.xadd(self.key, {"e": event.to_json()}, maxlen=keys.EVENTS_MAXLEN, approximate=True)
 
     def emit(self, r: redis.Redis, events: list[KVEvent]) -> None:
         if events:

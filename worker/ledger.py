@@ -8,7 +8,8 @@ After Redis comes back the worker repairs what it lost, in this order (`WorkerSe
 
 1. `reclaim`: running requests whose queue entry is no longer pending on this worker. If Redis lost the
    entry (it restarted, or the consumer group is new), it is queued again, already read by this worker
-   (one transaction), so a reaper could still re-route it should this worker die later. If not, a
+   (one transaction, which also points the request's record `lg:req:{id}` at the new entry), so a reaper
+   could still re-route it should this worker die later, and a client's retry attaches to it. If not, a
    gateway's reaper re-routed it while this worker was out of reach: the worker drops its copy, since the
    new owner continues from the output stream and two writers would interleave.
 2. `repair`: the events each output stream lacks. Every event carries the request's cumulative
@@ -28,14 +29,13 @@ from typing import Any
 
 import redis
 
-from loragate import keys
+from loragate import keys, request_record
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import RequestOutput
 from worker.tracing_spans import RequestTimeline
 
 log = logging.getLogger("loragate.worker")
 
-OUTPUT_TTL_S = 600
 RECENT_S = 30.0  # a finished request's events are kept this long, for a Redis that restarts and loses them
 
 
@@ -121,7 +121,17 @@ class Ledger:
         for rid, entry_id in ids.items():
             self.active[rid].entry_id = entry_id
         log.warning("queued %d running requests again that Redis had lost", len(ids))
-        return [], others
+        # A restart that lost only the read (not the entry) leaves the old entry unread: that read took it
+        # too. It is a second copy of a request running here (starting it would fail "id in use"): drop it.
+        copies = [entry_id for entry_id, msg in others if msg.request_id in self.active]
+        if copies:
+            pipe = self.redis.pipeline(transaction=False)
+            for entry_id in copies:
+                pipe.xack(self.queue, keys.WORKER_GROUP, entry_id)
+                pipe.xdel(self.queue, entry_id)
+            pipe.execute()
+            log.warning("dropped %d old queue entries of requests queued again", len(copies))
+        return [], [(entry_id, msg) for entry_id, msg in others if msg.request_id not in self.active]
 
     def repair(self, restarted: bool) -> int:
         """Step 2: write what the output streams lack; returns how many events that was."""
@@ -136,7 +146,7 @@ class Ledger:
             pipe = self.redis.pipeline(transaction=False)
             for rid, event in writes:
                 pipe.xadd(keys.output(rid), {"e": event.to_json()})
-                pipe.expire(keys.output(rid), OUTPUT_TTL_S)
+                pipe.expire(keys.output(rid), keys.OUTPUT_TTL_S)
             pipe.execute()
             log.warning("wrote again %d output events that had not reached Redis", len(writes))
         return len(writes)
@@ -187,12 +197,13 @@ def restore_entries(
     r: redis.Redis, queue: str, consumer: str, messages: Iterable[QueuedRequest]
 ) -> tuple[dict[str, str], list[tuple[str, QueuedRequest]]]:
     """Queue `messages` again and read them as `consumer` in one transaction, so no other reader can take
-    them. Returns their new entry ids, and every other new entry that this read took (queued by gateways
-    meanwhile: the caller starts those)."""
+    them; each request's record names its new entry, so a client's retry attaches to it rather than
+    queueing a copy. Returns their new entry ids, and every other new entry that this read took (queued by
+    gateways meanwhile: the caller starts those)."""
     pipe = r.pipeline(transaction=True)
     messages = list(messages)
     for msg in messages:
-        pipe.xadd(queue, {"m": msg.to_json()})
+        pipe.eval(request_record.REQUEUE, 2, queue, keys.request_record(msg.request_id), msg.to_json())
     pipe.xreadgroup(keys.WORKER_GROUP, consumer, {queue: ">"})
     *added, reply = pipe.execute()
     ours = {_text(a): m.request_id for a, m in zip(added, messages, strict=True)}

@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_dir = Path(args.model)
     name = args.model_name or model_dir.name
     worker_id = args.worker_id or f"{name}-{socket.gethostname()}"
-    r: redis.Redis = connect_sync(args.redis)
+    r: redis.Redis = connect_sync(args.redis)  # no retry: its output transactions must not run twice
     engine = LLMEngine(
         model_dir,
         EngineConfig(
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     provider = make_provider("loragate-worker")
     tracer = provider.get_tracer("loragate.worker") if provider is not None else None
     # The heartbeat has a connection of its own, so it never waits behind the engine loop's commands.
-    beats = Heartbeat(connect_sync(args.redis, socket_timeout=2.0), worker_id)
+    beats = Heartbeat(connect_sync(args.redis, socket_timeout=2.0, idempotent=True), worker_id)  # SETs
     service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer, heartbeat=beats)
     # The model and torch's own objects live as long as the process: out of the cyclic GC's sight, a full
     # collection no longer rescans them between engine steps.

@@ -7,7 +7,8 @@ events, and a non-blocking read of newly queued requests (only as many as the en
 the rest wait in Redis where they can be re-routed). The heartbeat has a thread of its own
 (`worker.heartbeat`), fed a state snapshot by this loop, so a long step never makes the worker look dead.
 SIGTERM drains: the heartbeat says `draining`, no new admissions, running requests finish, then the
-heartbeat is removed so gateways re-route whatever is still queued.
+heartbeat is removed so gateways re-route whatever is still queued. A drain while Redis is down stops the
+worker at once: what runs cannot be delivered anyway, and the gateways re-route it from its queue.
 
 Redis may vanish at any moment, for any length of time. Every event is kept in memory until its request
 has finished and been acknowledged (and `RECENT_S` longer), so what Redis loses can be written again.
@@ -39,7 +40,7 @@ from loragate.types import Request, RequestOutput
 from worker.engine import LLMEngine
 from worker.heartbeat import DecodeRate, Heartbeat, engine_state
 from worker.kv_events import KVEventLog
-from worker.ledger import OUTPUT_TTL_S, Held, Ledger, read_entries
+from worker.ledger import Held, Ledger, read_entries
 from worker.lora import AdapterError
 from worker.registry import AdapterRegistry
 from worker.tracing_spans import RequestTimeline, emit_spans
@@ -118,8 +119,11 @@ class WorkerService:
                     break
                 except OUTAGE_ERRORS as e:  # pause stepping: the ledger keeps whatever was not written
                     outage.failed(e)
+                    if self.draining.is_set():
+                        self._abandon()
+                        break
                     self._publish_state()  # alive, only waiting: the heartbeat goes out once Redis is back
-                    time.sleep(backoff.next())
+                    self.draining.wait(backoff.next())  # a drain ends the wait at once
             with contextlib.suppress(*OUTAGE_ERRORS):  # KV events only steer routing
                 self.kv_events.emit(self.redis, self.kv_events.deferred)
         finally:
@@ -128,6 +132,19 @@ class WorkerService:
                 with contextlib.suppress(*OUTAGE_ERRORS):
                     self._pubsub.close()
             self.stopped.set()
+
+    def _abandon(self) -> None:
+        """Draining while Redis is down: stop now rather than wait for it. Nothing running here can be
+        delivered without Redis; the queue entries stay pending on this worker, and once its heartbeat has
+        lapsed a gateway's reaper re-routes them, to continue from what their output streams hold."""
+        running = sorted(self.active)
+        log.warning(
+            "worker %s: draining while Redis is unreachable; stopping now and leaving %d running requests "
+            "to be re-routed by a gateway once this worker's heartbeat lapses: %s",
+            self.worker_id,
+            len(running),
+            ", ".join(running[:20]) + (" ..." if len(running) > 20 else ""),
+        )
 
     def _serve(self) -> None:
         while not (self.draining.is_set() and not self.engine.has_unfinished()):
@@ -188,8 +205,11 @@ class WorkerService:
         return self.max_waiting - len(self.engine.scheduler.waiting)
 
     def _admit(self, pending: bool, block_ms: int = 0) -> None:
-        """Read queued requests: our own pending entries ("0", after a restart) or new ones (">")."""
-        if self._room() <= 0:
+        """Read queued requests: our own pending entries ("0", at every re-sync) or new ones (">", only as
+        many as there is room for). Pending ones are read whatever the room (the engine queues them): an
+        entry pending here but not held — read by a command whose reply was lost — has no other reader, and
+        a reaper never takes it from a live worker."""
+        if not pending and self._room() <= 0:
             return
         block = block_ms if block_ms > 0 and not pending else None  # BLOCK 0 would wait forever
         try:
@@ -267,7 +287,7 @@ class WorkerService:
             worker_id=self.worker_id, error={"message": message, "type": kind, "code": None, "status": status}
         )
         self.redis.xadd(keys.output(msg.request_id), {"e": event.to_json()})
-        self.redis.expire(keys.output(msg.request_id), OUTPUT_TTL_S)
+        self.redis.expire(keys.output(msg.request_id), keys.OUTPUT_TTL_S)
         self._ack(entry_id)
 
     def _ack(self, entry_id: str) -> None:
@@ -288,7 +308,7 @@ class WorkerService:
         for out in outputs:
             if (event := self.ledger.record(out)) is not None:
                 pipe.xadd(keys.output(out.request_id), {"e": event.to_json()})
-                pipe.expire(keys.output(out.request_id), OUTPUT_TTL_S)
+                pipe.expire(keys.output(out.request_id), keys.OUTPUT_TTL_S)
                 if event.is_last:
                     finished.append(out.request_id)
         for rid in finished:

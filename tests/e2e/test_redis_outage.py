@@ -32,7 +32,6 @@ from loragate import keys
 from loragate.redis_retry import BACKOFF_CAP_S
 from tests.e2e.stack import Stack
 from tests.redis_process import RedisProcess, redis_process
-from worker.heartbeat import HEARTBEAT_TTL_S
 from worker.modelzoo.make import ZooPaths
 
 KEY = {"Authorization": "Bearer sk-test-alice"}
@@ -159,7 +158,7 @@ def test_a_request_gets_503_at_once_while_redis_is_gone(zoo: ZooPaths, tmp_path:
 
 @pytest.mark.parametrize(
     ("persistent", "outage_s"),
-    [(True, 2.0), (False, 2.0), (False, 2.0 + max(HEARTBEAT_TTL_S, BACKOFF_CAP_S) * 2)],
+    [(True, 2.0), (False, 2.0), (False, 2.0 + max(keys.HEARTBEAT_TTL_S, BACKOFF_CAP_S) * 2)],
     ids=["aof-2s", "no-persistence-2s", "no-persistence-long"],
 )
 def test_streams_ride_out_a_redis_crash_and_new_requests_succeed_soon_after(

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 import gateway.fleet
 from gateway.fleet import Fleet
 from gateway.reaper import Reaper
-from gateway.relay import EventChannel
+from gateway.relay import EventChannel, OutputMux
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState
 from loragate.redis_url import connect_async
@@ -90,3 +90,76 @@ def test_a_fresh_redis_gives_workers_the_grace_too(monkeypatch: pytest.MonkeyPat
                 await r.aclose()
 
         assert asyncio.run(main())
+
+
+def test_a_move_run_twice_queues_one_copy_and_points_the_record_at_it(redis_url: str) -> None:
+    """The reaper's client retries a command whose reply was lost, and two gateways' reapers may take the
+    same entry: a move run twice must leave one copy, and the request's record must name it."""
+    msg = QueuedRequest("moved-1", "tiny", (1, 2, 3), SamplingParams(max_tokens=4))
+
+    async def main() -> None:
+        r = connect_async(redis_url)
+        try:
+            await r.set(keys.worker_state("w2"), state("w2"), ex=60)
+            dead = keys.queue("w1")
+            await r.xgroup_create(dead, keys.WORKER_GROUP, id="0", mkstream=True)
+            entry = await r.xadd(dead, {"m": msg.to_json()})
+            await r.hset(keys.request_record("moved-1"), mapping={"fp": "x", "queue": dead, "entry": entry})
+            await r.xreadgroup(keys.WORKER_GROUP, "w1", {dead: ">"})  # w1 read it, then died
+            fleet = Fleet(r)
+            await fleet.refresh()
+            reaper = Reaper(r, fleet, "reaper-test")
+            assert await reaper._reroute(dead, entry, msg)
+            assert not await reaper._reroute(dead, entry, msg)  # again, as a retry would
+            copies = await r.xrange(keys.queue("w2"))
+            assert len(copies) == 1, f"{len(copies)} copies queued"
+            record = await r.hgetall(keys.request_record("moved-1"))
+            assert record[b"queue"].decode() == keys.queue("w2") and record[b"entry"] == copies[0][0]
+            assert await r.xlen(dead) == 0
+        finally:
+            await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_stream_subscribed_while_the_relay_reconnects_is_read_at_once() -> None:
+    """A subscribe while the relay re-reads its connection's id after a restart must neither wake a read
+    by the old server's client id (another client's, perhaps) nor wait out the next blocking read."""
+    with redis_process(persistent=False) as server:
+
+        async def main() -> float:
+            control = connect_async(server.url)
+            mux = OutputMux(server.url, control, block_ms=5000)
+            reconnecting, resume = asyncio.Event(), asyncio.Event()
+            reconnected = mux._reconnected
+
+            async def slow_reconnect() -> None:
+                if mux._run_id is not None:  # after the restart: hold it here while a stream subscribes
+                    reconnecting.set()
+                    await resume.wait()
+                await reconnected()
+
+            mux._reconnected = slow_reconnect  # type: ignore[method-assign]
+            try:
+                await mux.start()
+                await mux.subscribe("first")
+                while not mux._blocked:
+                    await asyncio.sleep(0.01)
+                await asyncio.to_thread(server.restart)
+                await asyncio.wait_for(reconnecting.wait(), 10)
+                channel = await mux.subscribe("second")
+                resume.set()
+                await asyncio.sleep(0.2)  # the relay is in its next blocking read
+                loop = asyncio.get_running_loop()
+                sent = loop.time()
+                event = OutputEvent(token_ids=(5,), text="5", completion_tokens=1)
+                await control.xadd(keys.output("second"), {"e": event.to_json()})
+                got = await channel.get(10.0)
+                assert got == event
+                return loop.time() - sent
+            finally:
+                await mux.stop()
+                await control.aclose()
+
+        took = asyncio.run(main())
+        assert took < 1.0, f"the event took {took:.1f} s (the relay's read did not include its stream)"

@@ -6,6 +6,7 @@ engine steps longer than its TTL (but not a silent engine loop)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,10 +14,11 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from gateway.request_store import RequestStore, fingerprint
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState
 from loragate.redis_retry import ServerGuard, server_run_id
-from loragate.redis_url import connect_sync
+from loragate.redis_url import connect_async, connect_sync
 from loragate.types import Request, RequestOutput, SamplingParams
 from tests.redis_process import RedisProcess, redis_process
 from tests.worker.test_service import collect, enqueue, make_service, prompt, running
@@ -232,3 +234,143 @@ def test_missing_events_continue_a_stream_exactly() -> None:
     assert missing_events(mine[0], [*mine, final]) == [mine[1], mine[2], final]
     assert missing_events(mine[2], [*mine, final]) == [final]
     assert missing_events(OutputEvent(finish_reason="length", completion_tokens=6), mine) == []
+
+
+def test_a_drain_while_redis_is_down_stops_the_worker_promptly(zoo: ZooPaths, aof: RedisProcess) -> None:
+    """SIGTERM during an outage must not wait for Redis: the worker stops within a few seconds, and its
+    running request stays pending in its queue (a reaper re-routes it once the heartbeat lapses)."""
+    client = aof.client()
+    service = make_service(zoo, connect_sync(aof.url))
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        params = SamplingParams(max_tokens=1500, ignore_eos=True)
+        enqueue(client, QueuedRequest("long", "tiny", prompt(3), params))
+        wait_for(lambda: client.xlen(keys.output("long")) >= 3, 60, "first tokens")
+        aof.kill()
+        time.sleep(0.5)  # the worker is in its outage loop now
+        assert thread.is_alive()
+        asked = time.monotonic()
+        service.drain()
+        thread.join(10)
+        took = time.monotonic() - asked
+        assert not thread.is_alive(), "the worker ignored the drain while Redis was down"
+        assert took < 5.0, f"the drain took {took:.1f} s"
+        aof.start()
+        client = aof.client()
+        pending = client.xpending(keys.queue("w1"), keys.WORKER_GROUP)
+        assert pending["pending"] == 1  # left for a reaper, not acknowledged
+    finally:
+        service.drain()
+        if thread.is_alive() and aof.proc is None:
+            aof.start()  # let a worker that waits for Redis get through its drain
+        thread.join(30)
+        client.close()
+
+
+_SLOW = """
+local t = redis.call('TIME')
+repeat
+    local n = redis.call('TIME')
+until (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > 400000
+return 1
+"""
+
+
+def test_the_worker_client_does_not_run_a_transaction_twice(aof: RedisProcess) -> None:
+    """A transaction whose reply is lost (here: it outlasts the socket timeout) has run; the worker's client
+    must not send it again, or a step's output events would be written twice."""
+    r = connect_sync(aof.url, socket_timeout=0.2)
+    pipe = r.pipeline(transaction=True)
+    pipe.xadd("lg:out:twice", {"e": "x"})
+    pipe.eval(_SLOW, 0)
+    with pytest.raises(redis.TimeoutError):
+        pipe.execute()
+    client = aof.client()
+    wait_for(lambda: client.ping(), 5, "the script to end")
+    time.sleep(0.5)  # a retried transaction would have run by now
+    assert client.xlen("lg:out:twice") == 1
+    r.close()
+    client.close()
+
+
+def test_an_entry_read_by_a_lost_reply_is_started_even_when_the_worker_is_full(
+    zoo: ZooPaths, aof: RedisProcess
+) -> None:
+    """A read whose reply was lost leaves its entries pending on the worker, which does not know them; no
+    reaper takes entries from a live worker, so the re-sync after the error must start them, even while
+    the engine has no room for new work."""
+    r = connect_sync(aof.url, socket_timeout=0.3)
+    registry = AdapterRegistry(r, "tiny")
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=256, max_num_seqs=1))
+    service = WorkerService(engine, r, "w1", "tiny", registry, max_waiting=1)
+    client = aof.client()
+    long = SamplingParams(max_tokens=1900, ignore_eos=True)
+    with running(service):
+        enqueue(client, QueuedRequest("runs", "tiny", prompt(1), long))
+        enqueue(client, QueuedRequest("waits", "tiny", prompt(2), SamplingParams(max_tokens=4)))
+        wait_for(lambda: len(engine.scheduler.waiting) == 1, 30, "a full worker")
+        # A read as w1 whose reply never arrived: the entry is pending on w1, unknown to it.
+        enqueue(client, QueuedRequest("stranded", "tiny", prompt(3), SamplingParams(max_tokens=4)))
+        client.xreadgroup(keys.WORKER_GROUP, "w1", {keys.queue("w1"): ">"})
+        outages = service.outages
+        client.client_pause(1000)  # the worker's next command times out: it re-syncs when Redis answers
+        wait_for(lambda: service.outages > outages, 30, "the re-sync")
+        assert service._room() <= 0 and "runs" in service.active  # it was full all along
+        events = collect(client, "stranded", timeout=60)
+        assert events[-1].completion_tokens == 4
+    client.close()
+
+
+def test_a_request_queued_again_after_redis_lost_it_keeps_its_record(aof: RedisProcess) -> None:
+    """The gateway finds a request through its record (`lg:req:{id}`: queue, entry); once the worker queued
+    a running request again under a new entry id, a client's retry with the same id must attach to it."""
+    r = aof.client()
+    queue = keys.queue("w1")
+    r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)
+    msg = QueuedRequest("kept", "tiny", prompt(1), SamplingParams(max_tokens=8))
+    fp = fingerprint(msg)
+
+    async def gateway(retry: bool) -> bool:
+        """The gateway queues the request (its first try), or finds it (a retry); on its own loop."""
+        store_client = connect_async(aof.url)
+        try:
+            store = RequestStore(store_client, ttl_s=600)
+            if retry:
+                return await store.exists("kept", fp)
+            pipe = store_client.pipeline(transaction=False)
+            store.enqueue(pipe, msg, fp, "w1")
+            return bool((await pipe.execute())[0])
+        finally:
+            await store_client.aclose()
+
+    assert asyncio.run(gateway(retry=False))
+    (old_id, _), *_ = r.xreadgroup(keys.WORKER_GROUP, "w1", {queue: ">"})[0][1]
+    ledger = Ledger(r, "w1")
+    ledger.hold(Held(old_id.decode(), msg))
+    r.xack(queue, keys.WORKER_GROUP, old_id)  # Redis lost the entry (no output written yet either)
+    r.xdel(queue, old_id)
+    assert ledger.reclaim(lost=True) == ([], [])
+    new_id = ledger.active["kept"].entry_id
+    record = r.hgetall(keys.request_record("kept"))
+    assert record[b"queue"].decode() == queue and record[b"entry"].decode() == new_id
+    # A client's retry attaches to the running request instead of queueing a second copy.
+    assert asyncio.run(gateway(retry=True))
+    r.close()
+
+
+def test_an_entry_whose_read_redis_lost_is_not_started_a_second_time(aof: RedisProcess) -> None:
+    """An AOF restart may keep an entry but lose its read (the last second): the worker queues its running
+    request again, and the old, now unread entry must not come back to it as a new request."""
+    r = aof.client()
+    queue = keys.queue("w1")
+    r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)
+    msg = QueuedRequest("once", "tiny", prompt(1), SamplingParams(max_tokens=8))
+    old_id = r.xadd(queue, {"m": msg.to_json()}).decode()  # read by w1, but Redis lost the read
+    ledger = Ledger(r, "w1")
+    ledger.hold(Held(old_id, msg))
+    assert ledger.reclaim(lost=True) == ([], [])  # nothing else to start
+    entries = r.xrange(queue)
+    assert [e[0].decode() for e in entries] == [ledger.active["once"].entry_id] != [old_id]
+    assert r.xpending(queue, keys.WORKER_GROUP)["pending"] == 1
+    r.close()
