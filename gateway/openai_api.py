@@ -360,6 +360,8 @@ class OpenAIRoutes:
                 continue
             if event.finish_reason != "abort":
                 return event
+            if events.gone:  # nobody left to continue it for
+                raise ClientGone()
             await self._continue(events, target)
 
     async def _continue(self, events: EventChannel, target: Target) -> None:

@@ -71,6 +71,11 @@ class EventChannel:
         self._gone = True
         self._wake()
 
+    @property
+    def gone(self) -> bool:
+        """Whether the client of this channel's request disconnected."""
+        return self._gone
+
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
