@@ -34,47 +34,48 @@ from redis.asyncio.client import Pipeline
 from gateway.errors import APIError
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest, shallow_dict
+from loragate.request_record import ENTRY, FP, QUEUE
 
 # A request is live while its output stream exists (it runs or ran; kept a while after its end) or its
 # queue entry does (queued, or held by a worker: a worker deletes the entry when the request ends). A
 # record whose request is neither (its output expired, or it was lost) may be made anew.
-_LIVE = """
+_LIVE = f"""
 local function live(record, output)
     if redis.call('EXISTS', output) == 1 then
         return true
     end
-    local queue = redis.call('HGET', record, 'queue')
-    local entry = redis.call('HGET', record, 'entry')
+    local queue = redis.call('HGET', record, '{QUEUE}')
+    local entry = redis.call('HGET', record, '{ENTRY}')
     return queue ~= false and entry ~= false and #redis.call('XRANGE', queue, entry, entry) > 0
 end
 """
 
 _LOOKUP = (
     _LIVE
-    + """
+    + f"""
 if not live(KEYS[1], KEYS[2]) then
     return false
 end
-return redis.call('HGET', KEYS[1], 'fp') or ''
+return redis.call('HGET', KEYS[1], '{FP}') or ''
 """
 )
 
 _ENQUEUE = (
     _LIVE
-    + """
+    + f"""
 if live(KEYS[1], KEYS[2]) then
     return false
 end
 local entry = redis.call('XADD', KEYS[3], '*', 'm', ARGV[1])
-redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'queue', KEYS[3], 'entry', entry)
+redis.call('HSET', KEYS[1], '{FP}', ARGV[2], '{QUEUE}', KEYS[3], '{ENTRY}', entry)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return entry
 """
 )
 
-_CANCEL = """
-local queue = redis.call('HGET', KEYS[1], 'queue')
-local entry = redis.call('HGET', KEYS[1], 'entry')
+_CANCEL = f"""
+local queue = redis.call('HGET', KEYS[1], '{QUEUE}')
+local entry = redis.call('HGET', KEYS[1], '{ENTRY}')
 if queue and entry then
     local ok, pending = pcall(redis.call, 'XPENDING', queue, ARGV[4], entry, entry, 1)
     if ok and #pending == 0 and redis.call('XDEL', queue, entry) == 1 then
@@ -87,14 +88,14 @@ redis.call('PUBLISH', ARGV[5], ARGV[1])
 return 0
 """
 
-_REVIVE = """
+_REVIVE = f"""
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
 if #last == 0 or last[1][1] ~= ARGV[1] then
     return false
 end
 redis.call('XDEL', KEYS[2], ARGV[1])
 local entry = redis.call('XADD', KEYS[3], '*', 'm', ARGV[2])
-redis.call('HSET', KEYS[1], 'fp', ARGV[3], 'queue', KEYS[3], 'entry', entry)
+redis.call('HSET', KEYS[1], '{FP}', ARGV[3], '{QUEUE}', KEYS[3], '{ENTRY}', entry)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return entry
 """

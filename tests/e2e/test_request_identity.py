@@ -38,6 +38,7 @@ from worker.modelzoo.make import ZooPaths
 
 KEYS = {"alice": "sk-test-alice", "bob": "sk-test-bob"}
 MAX_NUM_SEQS = 4
+LONG = 600  # tokens: still running when a second client of the same id comes and goes
 KILL_REQUESTS = int(os.environ.get("LORAGATE_E2E_KILL_REQUESTS", "32"))
 
 
@@ -56,7 +57,10 @@ def stack(zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFac
     client = redis.Redis.from_url(redis_server, socket_timeout=10)
     client.flushall()
     client.close()
-    s = SmallBatchStack(zoo, redis_server, Path(tmp_path_factory.mktemp("identity")))
+    # Queue-wait admission (429) off: these tests queue requests on purpose (test_overload's subject).
+    s = SmallBatchStack(
+        zoo, redis_server, Path(tmp_path_factory.mktemp("identity")), admission_wait_bound_s=0
+    )
     try:
         s.start_worker("w1")
         s.start_worker("w2")
@@ -251,15 +255,16 @@ def test_an_intruder_that_leaves_does_not_cancel_the_owners_request(
 ) -> None:
     rid = f"owned-{owner_stream}-{time.monotonic_ns()}"
     prompt = "async def fetch_all(urls):\n"
-    (ref,) = references(offline, [prompt], 96)
+    (ref,) = references(offline, [prompt], LONG)
     stack.wait_idle()
 
     async def main() -> Result:
         async with client_for(stack) as client:
-            owner = asyncio.ensure_future(complete(client, "alice", body(prompt, 96, owner_stream), rid))
-            await asyncio.sleep(0.7)
+            owner = asyncio.ensure_future(complete(client, "alice", body(prompt, LONG, owner_stream), rid))
+            await asyncio.to_thread(wait_until, lambda: bool(output_events(r, "alice", rid)))
             # The same id and body from another tenant: it streams its own copy and walks away.
-            await read_then_leave(stack.url, "bob", body(prompt, 96), rid, 2)
+            await read_then_leave(stack.url, "bob", body(prompt, LONG), rid, 2)
+            assert not any(e.is_last for e in output_events(r, "alice", rid))  # while Alice's was running
             return await owner
 
     owner = asyncio.run(main())
@@ -305,18 +310,21 @@ def test_a_handler_whose_request_another_handler_cancelled_continues_it(
     retry's client leaves and cancels it: the first handler continues it, and its answer is complete."""
     rid = f"two-handlers-{time.monotonic_ns()}"
     prompt = "class LRUCache:\n    def __init__(self, capacity):\n"
-    (ref,) = references(offline, [prompt], 160)
+    (ref,) = references(offline, [prompt], LONG)
     stack.wait_idle()
 
     async def main() -> Result:
         async with client_for(stack) as client:
-            first = asyncio.ensure_future(complete(client, "alice", body(prompt, 160), rid))
-            await asyncio.sleep(0.7)
-            await read_then_leave(stack.url, "alice", body(prompt, 160), rid, 4)
+            first = asyncio.ensure_future(complete(client, "alice", body(prompt, LONG), rid))
+            await asyncio.to_thread(wait_until, lambda: bool(output_events(r, "alice", rid)))
+            await read_then_leave(stack.url, "alice", body(prompt, LONG), rid, 4)
+            assert not any(e.is_last for e in output_events(r, "alice", rid))  # it left mid-generation
             return await first
 
     first = asyncio.run(main())
     assert first.ok and first.finish == "length" and first.text == ref, first
+    qid = keys.scoped_request_id("alice", rid)
+    assert f"continuing {qid} " in (stack.workdir / "gateway.log").read_text()
 
 
 @pytest.mark.timeout(600)

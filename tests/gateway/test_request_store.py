@@ -150,7 +150,8 @@ def test_the_reaper_points_the_record_at_the_entry_it_moved(redis_url: str) -> N
         await r.set(keys.worker_state("w-live"), live.to_json(), ex=30)
         await r.xgroup_create(keys.queue("w-live"), keys.WORKER_GROUP, id="0", mkstream=True)
         fleet = Fleet(r)
-        assert await Reaper(r, fleet, "reaper-test").sweep() == 1
+        await fleet.refresh()
+        assert await Reaper(r, fleet, "reaper-test")._drain(keys.queue(WORKER)) == 1
         assert await r.xlen(keys.queue(WORKER)) == 0 and await r.xlen(keys.queue("w-live")) == 1
         record = await r.hgetall(keys.request_record(msg.request_id))
         assert record[b"queue"].decode() == keys.queue("w-live")
