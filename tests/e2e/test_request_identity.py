@@ -384,18 +384,26 @@ def test_retries_after_a_gateway_kill_attach_to_the_queued_requests(
     completed = sum(res.ok and res.finish == "length" for res, _ in results)
     garbled = sum(res.ok and res.text != ref for (res, _), ref in zip(results, refs, strict=True))
     errors = [res for res, _ in results if not res.ok]
+    stack.wait_idle()  # then no copy is left to run: each output stream holds exactly one generation
+
+    def ran_once(events: list[OutputEvent]) -> bool:
+        ends = [e.finish_reason for e in events if e.is_last]
+        return ends == ["length"] and sum(len(e.token_ids) for e in events) == max_tokens
+
+    twice = sum(not ran_once(output_events(r, "alice", i)) for i in ids)
     figures = {
         "sent": n,
         "queued_unread_at_kill": unread,
         "completed": completed,
         "errored": len(errors),
         "garbled": garbled,
+        "ran_twice_or_failed_in_worker": twice,
         "retried_after_429_503": sum(w > 0 for _, w in results),
         "retry_wall_s": round(time.monotonic() - started, 1),
     }
     print("gateway-kill figures:", json.dumps(figures))
     assert not errors, errors[:3]
-    assert garbled == 0 and completed == n, figures
+    assert garbled == 0 and completed == n and twice == 0, figures
 
 
 # -- leaving while queued ----------------------------------------------------------------------------------
