@@ -184,7 +184,13 @@ class OpenAIRoutes:
             async with asyncio.timeout(redis_timeout):
                 events = self._events = await ctx.mux.subscribe(qid)
         else:
+            waits = ctx.admission.waited
             charged = await ctx.admission.admit(tenant, target.base, len(prompt), max_tokens)
+            # A request that waited for its fair turn may have lost its client meanwhile: drop it here,
+            # before a worker reads (and prefills) it. Skipped on the fast path (no wait, no check).
+            if ctx.admission.waited != waits and await request.is_disconnected():
+                ctx.admission.settle(tenant, target.base, charged, 0, 0)
+                raise _client_closed()
             # The same chained, adapter-keyed hashes the worker's prefix cache uses.
             hashes = block_hashes(prompt, state.block_size, adapter_key)
             route = route_request(

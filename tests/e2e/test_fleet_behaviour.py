@@ -207,3 +207,42 @@ def test_ended_requests_free_admission_room_before_the_next_fleet_refresh(stack:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_a_client_that_leaves_while_waiting_for_its_fair_turn_is_never_queued(stack: Stack) -> None:
+    """With room for one outstanding request per worker and every worker busy, a new request waits in the
+    gateway's fair queue; its client gives up there. When room frees, the request is dropped before it is
+    queued: no worker ever reads it (no request record, no output stream), and the busy ones finish."""
+    stack.wait_idle()
+    proc, url = stack.extra_gateway(fair_admission_per_worker=1)
+    r = redis.Redis.from_url(stack.redis_url, socket_timeout=10, socket_connect_timeout=10)
+    try:
+        workers = len(httpx.get(f"{url}/admin/workers", headers=ADMIN, timeout=10).json()["workers"])
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            progress = [Progress() for _ in range(workers)]
+            busy = [pool.submit(_stream, url, 400, None, p) for p in progress]
+            while not all(p.chunks for p in progress):  # the busy ones hold every worker's room
+                assert not any(f.done() for f in busy), [f.result() for f in busy if f.done()]
+                time.sleep(0.02)
+            before = httpx.get(f"{url}/admin/policy/stats", headers=ADMIN, timeout=10).json()
+            body = {"model": "tiny", "prompt": "import os", "max_tokens": 8, "temperature": 0}
+            rid = f"left-in-fair-queue-{time.time_ns()}"
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(
+                    f"{url}/v1/completions",
+                    json=body,
+                    headers={**KEY, "X-Request-Id": rid},
+                    timeout=httpx.Timeout(10, read=0.5),
+                )
+            assert not any(f.done() for f in busy)  # it left while still waiting for room
+            after = httpx.get(f"{url}/admin/policy/stats", headers=ADMIN, timeout=10).json()
+            assert after["admission_waited"] > before["admission_waited"]  # it really waited its turn
+            assert all(f.result(timeout=120) == ("length", 400) for f in busy)
+        stack.wait_idle()
+        qid = keys.scoped_request_id("alice", rid)
+        assert not r.exists(keys.request_record(qid)), "the departed request was queued"
+        assert not r.exists(keys.output(qid)), "a worker ran (or aborted) the departed request"
+    finally:
+        r.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
