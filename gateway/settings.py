@@ -10,7 +10,7 @@ body_timeout_s: 30                # a request body must arrive within this, else
 header_timeout_s: 10              # the request line and headers must arrive within this, else 408
 fair_admission_per_worker: 48     # beyond this many outstanding per worker, tenants queue fairly
 # Overload (gateway/overload.py): refuse at once with 429 + Retry-After what would wait too long.
-admission_wait_bound_s: 10        # estimated queue wait (requests ahead / measured drain rate); 0 = off
+admission_wait_bound_s: 30        # estimated queue wait (requests ahead / measured drain rate); 0 = off
 admission_max_queued: 0           # requests waiting (not running) per model; 0 = no limit
 admission_models:                 # per-model overrides
   tiny: {wait_bound_s: 5, max_queued: 200}
@@ -53,7 +53,7 @@ class GatewaySettings:
     header_timeout_s: float = 10.0  # the request line and headers must arrive within this (408)
     fair_admission_per_worker: int = 48  # outstanding requests per worker before fair queueing starts
     fair_admission_max_wait_s: float = 30.0
-    admission_wait_bound_s: float = 10.0  # refuse (429) when the estimated queue wait exceeds it; 0 = off
+    admission_wait_bound_s: float = 30.0  # refuse (429) when the estimated queue wait exceeds it; 0 = off
     admission_max_queued: int = 0  # per model: requests waiting (not running) beyond which 429; 0 = off
     admission_models: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> bounds
     admission_tenants: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant or "*" -> bounds

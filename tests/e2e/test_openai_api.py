@@ -254,7 +254,7 @@ def test_worker_killed_mid_stream_every_request_completes(stack: Stack, offline:
         {
             "model": "tiny",
             "prompt": p,
-            "max_tokens": 80,
+            "max_tokens": 200,
             "temperature": 0,
             "stream": True,
             "ignore_eos": True,
@@ -265,14 +265,17 @@ def test_worker_killed_mid_stream_every_request_completes(stack: Stack, offline:
     stack.wait_idle()
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         futures = [pool.submit(_stream_text, stack.url, b, None, first_workers) for b in bodies]
-        time.sleep(0.7)  # every request is streaming by now, on one worker or the other
+        deadline = time.monotonic() + 60
+        while len(first_workers) < len(bodies):  # every request streams, on one worker or the other
+            assert time.monotonic() < deadline and not any(f.done() for f in futures), first_workers
+            time.sleep(0.01)
         stack.kill_worker("w1")
         results = [f.result(timeout=240) for f in futures]
     try:
         assert set(first_workers) == {"w1", "w2"}  # spread over both workers; w1's requests had to move
         for prompt, (text, finish) in zip(prompts, results, strict=True):
             assert finish == "length"
-            assert text == expected_text(offline, prompt, None, 80)
+            assert text == expected_text(offline, prompt, None, 200)
     finally:
         stack.start_worker("w1")
         stack.wait_ready(workers=2)
