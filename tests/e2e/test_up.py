@@ -143,6 +143,8 @@ def test_a_second_stop_signal_kills_at_once(start_up: Callable[[], Up]) -> None:
     up = start_up()
     body = {"model": "tiny", "prompt": "while True:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
 
+    streaming = threading.Event()
+
     def long_stream() -> None:  # keeps the worker draining when the stack is asked to stop
         try:
             with httpx.stream(
@@ -152,13 +154,14 @@ def test_a_second_stop_signal_kills_at_once(start_up: Callable[[], Up]) -> None:
                 headers={"Authorization": f"Bearer {up.key}"},
                 timeout=60,
             ) as resp:
-                for _ in resp.iter_lines():
-                    pass
+                for line in resp.iter_lines():
+                    if line.startswith("data: {"):
+                        streaming.set()
         except httpx.HTTPError:
             pass
 
     threading.Thread(target=long_stream, daemon=True).start()
-    time.sleep(1.0)
+    assert streaming.wait(60), up.output.text()  # the worker is generating: it has something to drain
     children = descendants(up.proc.pid)
     up.proc.send_signal(signal.SIGTERM)
     assert up.output.wait_for("stopping…", 10), up.output.text()
