@@ -53,9 +53,9 @@ def connect(url: str, timeout: float = 10.0) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=timeout)
 
 
-def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One response read to its Content-Length: (status, lower-cased headers, body)."""
-    data = b""
+def read_response(sock: socket.socket, data: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """One response read to its Content-Length, after `data` already read of it: (status, lower-cased
+    headers, body). A response may arrive in several segments (its head and body apart)."""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         if not chunk:

@@ -66,7 +66,9 @@ def test_headers_sent_byte_by_byte_get_408_and_the_connection_is_closed(url: str
                 break
         assert answered.startswith(b"HTTP/1.1 408"), answered
         assert time.monotonic() - started < 2.5
-        assert error_of(answered.partition(b"\r\n\r\n")[2])["code"] == "request_timeout"
+        sock.settimeout(3)
+        _, _, body = read_response(sock, answered)  # the body may come in a segment of its own
+        assert error_of(body)["code"] == "request_timeout"
 
 
 def test_a_connection_that_sends_nothing_is_closed(url: str) -> None:
@@ -100,8 +102,9 @@ def test_a_trickled_body_gets_408_and_the_connection_is_closed(
                 continue
         assert answered.startswith(b"HTTP/1.1 408"), answered
         assert time.monotonic() - started < 2.5
-        assert error_of(answered.partition(b"\r\n\r\n")[2])["code"] == "request_timeout"
         sock.settimeout(3)
+        _, _, body = read_response(sock, answered)  # the body may come in a segment of its own
+        assert error_of(body)["code"] == "request_timeout"
         assert closed_by_server(sock)
 
 
