@@ -6,9 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, running_stack
 from worker.modelzoo.make import ZooPaths
 
 
@@ -17,16 +16,6 @@ def stack(
     zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Stack]:
     """The module's stack; a module may set `STACK_GATEWAY_CONFIG` (gateway config overrides)."""
-    client = redis.Redis.from_url(redis_server, socket_timeout=10, socket_connect_timeout=10)
-    client.flushall()
-    client.close()
     overrides = getattr(request.module, "STACK_GATEWAY_CONFIG", {})
-    s = Stack(zoo, redis_server, Path(tmp_path_factory.mktemp("stack")), **overrides)
-    try:
-        s.start_worker("w1")
-        s.start_worker("w2")
-        s.start_gateway()
-        s.wait_ready(workers=2)
+    with running_stack(zoo, redis_server, Path(tmp_path_factory.mktemp("stack")), **overrides) as s:
         yield s
-    finally:
-        s.stop()

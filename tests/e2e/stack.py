@@ -6,6 +6,7 @@ and can be SIGKILLed and restarted by the tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,9 +14,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import redis
 
 from worker.modelzoo.make import ZooPaths
 
@@ -151,3 +154,34 @@ class Stack:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def flush_redis(redis_url: str) -> None:
+    """Empty the test Redis (what an earlier module stored must not reach the next)."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def running_stack(
+    zoo: ZooPaths,
+    redis_url: str,
+    workdir: Path,
+    workers: tuple[str, ...] = ("w1", "w2"),
+    stack_type: type[Stack] = Stack,
+    **gateway_config: object,
+) -> Iterator[Stack]:
+    """A stack on a freshly emptied Redis: `workers` (tiny) and a gateway, ready; stopped afterwards."""
+    flush_redis(redis_url)
+    s = stack_type(zoo, redis_url, workdir, **gateway_config)
+    try:
+        for worker_id in workers:
+            s.start_worker(worker_id)
+        s.start_gateway()
+        s.wait_ready(workers=len(workers))
+        yield s
+    finally:
+        s.stop()

@@ -31,7 +31,7 @@ import redis
 from loragate import keys
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import Request, SamplingParams
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, running_stack
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
 from worker.modelzoo.make import ZooPaths
@@ -54,21 +54,10 @@ class SmallBatchStack(Stack):
 
 @pytest.fixture(scope="module")
 def stack(zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    client = redis.Redis.from_url(redis_server, socket_timeout=10)
-    client.flushall()
-    client.close()
     # Queue-wait admission (429) off: these tests queue requests on purpose (test_overload's subject).
-    s = SmallBatchStack(
-        zoo, redis_server, Path(tmp_path_factory.mktemp("identity")), admission_wait_bound_s=0
-    )
-    try:
-        s.start_worker("w1")
-        s.start_worker("w2")
-        s.start_gateway()
-        s.wait_ready(workers=2)
+    workdir = Path(tmp_path_factory.mktemp("identity"))
+    with running_stack(zoo, redis_server, workdir, stack_type=SmallBatchStack, admission_wait_bound_s=0) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,37 +10,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from loadtest.fuzz_api import Target, live_models, stateful, stateless
 from loadtest.fuzz_raw import raw
 from loadtest.fuzz_tally import Tally
 from loadtest.procs import rss_mb
-from tests.e2e.stack import ADMIN_TOKEN, Stack
+from tests.e2e.stack import ADMIN_TOKEN, Stack, flush_redis, running_stack
 from worker.modelzoo.make import ZooPaths
 
 pytestmark = pytest.mark.slow
 SEED = 20261123
 
 
-def flush(url: str) -> None:
-    client = redis.Redis.from_url(url, socket_timeout=10)
-    client.flushall()
-    client.close()
-
-
 @pytest.fixture(scope="module")
 def stack(zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    flush(redis_server)
-    s = Stack(zoo, redis_server, Path(tmp_path_factory.mktemp("fuzz-stack")))
-    try:
-        s.start_worker("fuzz-w1")
-        s.start_gateway()
-        s.wait_ready(workers=1)
+    workdir = Path(tmp_path_factory.mktemp("fuzz-stack"))
+    with running_stack(zoo, redis_server, workdir, workers=("fuzz-w1",)) as s:
         yield s
-    finally:
-        s.stop()
-        flush(redis_server)  # what the fuzzer stored (keys, policies, adapters) must not reach other tests
+    flush_redis(redis_server)  # what the fuzzer stored (keys, policies, adapters) must not reach other tests
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, running_stack
 from worker.modelzoo.make import ZooPaths
 
 AUTH = {"Authorization": "Bearer sk-test-alice"}
@@ -21,14 +21,9 @@ SEEDS = [-1, 2**64 - 1, 2**63 - 1, 2**32 - 1, 0, 2**32, -(2**63), 7]
 
 @pytest.fixture(scope="module")
 def stack(zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(zoo, redis_server, Path(tmp_path_factory.mktemp("seed-stack")))
-    try:
-        s.start_worker("seed-w1")
-        s.start_gateway()
-        s.wait_ready(workers=1)
+    workdir = Path(tmp_path_factory.mktemp("seed-stack"))
+    with running_stack(zoo, redis_server, workdir, workers=("seed-w1",)) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def sample(stack: Stack, seed: int) -> str:
