@@ -2,7 +2,9 @@
 
 Profiles: `default` (prefix + adapter + load + cost scorers, argmax), `least-loaded` (load only),
 `round-robin` and `random` (baselines for benchmarks); the alias `auto` sends requests with difficulty
-≤ 0.4 to `tiny` and the rest to `small`, shifting to `tiny` when `small`'s pool is over 85% busy.
+≤ 0.4 to the toy `tiny` model and the rest to the real `smollm2`, shifting to `tiny` when `smollm2`'s pool
+is over 85% busy (the tiers of `loragate up`'s default stack and of compose.yaml; a tier without workers
+passes its requests to the nearest tier that has some).
 Treat `DEFAULT_POLICY` as read-only: `copy.deepcopy` it to derive another document.
 """
 
@@ -74,7 +76,7 @@ DEFAULT_POLICY: Final[dict[str, Any]] = {
     ],
     "aliases": {
         "auto": {
-            "tiers": [{"max_score": 0.4, "model": "tiny"}, {"model": "small"}],
+            "tiers": [{"max_score": 0.4, "model": "tiny"}, {"model": "smollm2"}],
             "saturation_threshold": 0.85,
             "profile": "default",
         }

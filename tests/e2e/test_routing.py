@@ -137,5 +137,5 @@ def test_auto_picks_a_tier_by_difficulty_and_explains_it(stack: Stack) -> None:
     )
     assert hard.status_code == 200, hard.text
     model, _, score = hard.headers["x-loragate-model"].partition("; difficulty ")
-    # The hard band's model (`small`) has no worker in this stack, so the nearest tier with one serves it.
+    # The hard band's model (`smollm2`) has no worker in this stack, so the nearest tier with one serves it.
     assert float(score) >= 0.4 and model == "tiny"

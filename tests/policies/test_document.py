@@ -36,7 +36,7 @@ def test_the_default_policy() -> None:
     }
     assert isinstance(default.picker, MaxPicker)
     assert isinstance(policy.profile("round-robin").picker, RoundRobinPicker)
-    assert policy.aliases["auto"].models == ("tiny", "small")
+    assert policy.aliases["auto"].models == ("tiny", "smollm2")
     assert isinstance(policy.estimator, HeuristicEstimator)
 
 
