@@ -133,7 +133,9 @@ def check_tiers(raw: Any, served: list[str], source: str) -> tuple[Mapping[str, 
     for k, tier in enumerate(raw):
         if tier["model"] not in served:
             known = ", ".join(served)
-            raise StackError(f"{source}: auto[{k}].model: {tier['model']!r} is not a model of this stack ({known})")
+            raise StackError(
+                f"{source}: auto[{k}].model: {tier['model']!r} is not a model of this stack ({known})"
+            )
     return tuple(dict(t) for t in raw)
 
 
@@ -160,9 +162,11 @@ def _model(raw: Any, where: str, source: str, base_dir: Path) -> ModelSpec:
         raise StackError(f"{source}: {where}.name: {name!r} is not a model name ({allowed})")
     if "adapters" in m and not _text(m["adapters"]):
         raise StackError(f"{source}: {where}.adapters: must be a directory")
-    adapters = (base_dir / m["adapters"]).resolve() if "adapters" in m else stack_sources.shipped_adapters(path)
-    if "adapters" in m and not adapters.is_dir():
-        raise StackError(f"{source}: {where}.adapters: {adapters} is not a directory")
+    adapters = stack_sources.shipped_adapters(path)
+    if "adapters" in m:
+        adapters = (base_dir / m["adapters"]).resolve()
+        if not adapters.is_dir():
+            raise StackError(f"{source}: {where}.adapters: {adapters} is not a directory")
     workers = m.get("workers", 1)
     if not _integer(workers) or workers < 1:
         raise StackError(f"{source}: {where}.workers: must be an integer ≥ 1, got {workers!r}")
@@ -175,7 +179,9 @@ def _model(raw: Any, where: str, source: str, base_dir: Path) -> ModelSpec:
     if not isinstance(pin, list) or not all(_text(p) for p in pin):
         raise StackError(f"{source}: {where}.pin: must be a list of adapter names")
     for k, adapter in enumerate(pin):
-        if adapters is None or (adapters.is_dir() and not (adapters / adapter / "adapter_config.json").is_file()):
+        if adapters is None or (
+            adapters.is_dir() and not (adapters / adapter / "adapter_config.json").is_file()
+        ):
             raise StackError(f"{source}: {where}.pin[{k}]: no adapter {adapter!r} in {adapters}")
     return ModelSpec(name, model_source, adapters, workers, device, dtype, tuple(pin))
 

@@ -1,12 +1,22 @@
-"""`loragate up`: the whole dev stack in one command, mirroring compose.yaml.
+"""`loragate up`: a whole serving stack in one command, mirroring compose.yaml.
 
-Builds the demo models if missing, starts a real Redis (embedded, with an append-only file, unless
-`REDIS_URL` is set), one gateway and N workers (alternating the `tiny` and `small` base models, each
-registering its demo adapters) as child processes, waits until the gateway is healthy, and prints how to
-call it.
+What it serves (loragate.stack_config builds it, validated whole before anything starts; exit 2 if not):
+- by default, the real model `smollm2` (fetched by `loragate models pull smollm2` on first use) on
+  `--workers` workers with its shipped adapters, plus one worker of the toy `tiny` model (built by
+  `loragate models make`) as the cheap tier of `model: "auto"`;
+- `--model DIR|smollm2`: one model of yours (any local Hugging Face Llama/Qwen2/Mistral checkpoint), with
+  `--adapters DIR`, on `--workers` workers, and nothing else;
+- `-c stack.yaml`: what the file says (models, keys, admin token, `auto` tiers, host and port); no other
+  flag may be combined with it, so the file and the command line cannot disagree.
+`--device`/`--dtype` (and a stack file's `device:`/`dtype:`) go to every worker of the model.
+
+It fetches or builds the named models (child processes), starts a real Redis (embedded, with an
+append-only file, unless `REDIS_URL` is set), one gateway and the workers as child processes, waits until
+every worker has joined, makes the routing policy's `auto` alias route to the stack's tiers (admin API),
+writes the endpoint for local tools (loragate.endpoint), and prints how to call it (loragate.up_banner).
 
 Instances: each `up` keeps its state (gateway config, embedded Redis) in a run directory of its own
-under `<cache>/up/` (loragate.rundir), removed when it stops, and names its workers `<base>-<i>-<id>`,
+under `<cache>/up/` (loragate.rundir), removed when it stops, and names its workers `<model>-<i>-<id>`,
 so several instances on one machine, on different ports, share nothing. A port already taken is refused
 (exit 2) before anything starts.
 
@@ -20,23 +30,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from loragate.embedded_redis import EmbeddedRedis
+from loragate.endpoint import Endpoint, write_endpoint
 from loragate.paths import cache_dir
 from loragate.proc import StopRequests, spawn
 from loragate.rundir import run_dir
+from loragate.stack_config import (
+    StackConfig,
+    StackError,
+    check_checkpoint,
+    load_stack,
+    parse_stack,
+    with_auto,
+)
+from loragate.stack_sources import is_named, prepare_commands
+from loragate.up_banner import banner
 
-BASES = ("tiny", "small")
+DEFAULT_WORKERS = 2  # smollm2 workers of the default stack
+DEFAULT_AUTO = ({"max_score": 0.4, "model": "tiny"}, {"model": "smollm2"})
 HEALTHY_WITHIN_S = 300.0
 GRACE_S = 30.0  # how long workers may drain before they are killed
+# The stack key a command-line flag sets (so a bad value is reported under the flag's name).
+_FLAG_OF = {"path": "--model", "name": "--model-name", "adapters": "--adapters", "workers": "--workers"}
+_FLAG_OF |= {"device": "--device", "dtype": "--dtype", "port": "--port", "host": "--host"}
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -45,14 +72,83 @@ def port_problem(host: str, port: int) -> str | None:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as err:
-        return f"cannot resolve --host {host}: {err.strerror}"
+        return f"cannot resolve host {host}: {err.strerror}"
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as err:
-            return f"port {port} on {host} is not available ({err.strerror}); choose another with --port"
+            why = f"port {port} on {host} is not available ({err.strerror})"
+            return f"{why}; choose another (--port, or port: in a stack file)"
     return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loragate up", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "-c", "--config", help="a stack file (see deploy/stack.example.yaml); no other flag with it"
+    )
+    p.add_argument("--model", help="serve this checkpoint directory (or smollm2) alone")
+    p.add_argument("--model-name", help="the name clients use for --model (default: its directory name)")
+    p.add_argument(
+        "--adapters", help="PEFT adapters for --model, one per subfolder (served as NAME:subfolder)"
+    )
+    p.add_argument(
+        "--workers", type=int, help=f"workers of the model (default {DEFAULT_WORKERS}; --model: 1)"
+    )
+    p.add_argument("--device", help="every worker's device: auto, cpu, cuda, cuda:N (default: auto)")
+    p.add_argument("--dtype", help="every worker's dtype: auto, float32, bfloat16, float16 (default: auto)")
+    p.add_argument("--port", type=int, help="the gateway's port (default 8000)")
+    p.add_argument("--host", help="the gateway's address (default 127.0.0.1)")
+    return p
+
+
+def stack_from_args(args: argparse.Namespace) -> StackConfig:
+    """The stack the command line asks for; StackError names the file and key, or the flag."""
+    values = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in _FLAG_OF.values()}
+    given = [flag for flag, value in values.items() if value is not None]
+    if args.config is not None:
+        if given:
+            raise StackError(
+                f"{', '.join(given)}: cannot be combined with -c/--config {args.config}; set it in that file"
+            )
+        return load_stack(Path(args.config))
+    if args.model is None and ("--model-name" in given or "--adapters" in given):
+        raise StackError(f"{'--model-name' if '--model-name' in given else '--adapters'}: needs --model DIR")
+    placement = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    raw: dict[str, Any] = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if args.model is None:
+        smollm2 = {"path": "smollm2", "workers": DEFAULT_WORKERS if args.workers is None else args.workers}
+        raw |= {"models": [smollm2 | placement, {"path": "tiny"} | placement], "auto": list(DEFAULT_AUTO)}
+    else:
+        model = {"path": args.model, "workers": 1 if args.workers is None else args.workers} | placement
+        model |= {k: v for k, v in (("name", args.model_name), ("adapters", args.adapters)) if v is not None}
+        raw["models"] = [model]
+    try:
+        return parse_stack(raw, "command line", Path.cwd())
+    except StackError as err:  # "command line: models[0].workers: ..." -> "--workers: ..."
+        found = re.match(r"command line: (?:models\[\d+\]\.)?(\w+)(?:\[\d+\])?: (.*)", str(err), re.S)
+        if found is None or found.group(1) not in _FLAG_OF:
+            raise
+        raise StackError(f"{_FLAG_OF[found.group(1)]}: {found.group(2)}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        stack = stack_from_args(args)
+    except StackError as err:
+        print(f"loragate up: {err}", file=sys.stderr)
+        return 2
+    if problem := port_problem(stack.host, stack.port):
+        print(f"loragate up: {problem}", file=sys.stderr)
+        return 2
+    with StopRequests() as stops, run_dir(cache_dir() / "up", stack.port) as (instance, state):
+        try:
+            return _run(stack, instance, state, stops)
+        except RuntimeError as err:  # the embedded Redis did not start; the policy could not be set
+            print(f"loragate up: {err}", file=sys.stderr)
+            return 1
 
 
 def _cli(*args: str) -> list[str]:
@@ -67,77 +163,98 @@ def _healthy(url: str, want: int) -> bool:
         return False
 
 
-def _banner(url: str, key: str, admin: str, model: str, adapter: str, state: Path) -> str:
-    return f"""
-loragate is up at {url}  (OpenAI-compatible)
-  API key (tenant "dev"): {key}
-  admin token:           {admin}
-
-  curl {url}/v1/chat/completions -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
-    -d '{{"model": "{adapter}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
-
-  python -c "from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='{key}'); \\
-print(c.completions.create(model='{model}', prompt='def fib(n):', max_tokens=32).choices[0].text)"
-
-  models: curl {url}/v1/models -H "Authorization: Bearer {key}"
-  fleet:  curl {url}/admin/workers -H "Authorization: Bearer {admin}"
-  state:  {state}  (removed on exit)
-Ctrl-C stops everything.
-"""
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="loragate up", description=__doc__.split("\n")[0])
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (alternating tiny, small)")
-    args = p.parse_args(argv)
-    if problem := port_problem(args.host, args.port):
-        print(f"loragate up: {problem}", file=sys.stderr)
-        return 2
-    with StopRequests() as stops, run_dir(cache_dir() / "up", args.port) as (instance, state):
-        try:
-            return _run(args, instance, state, stops)
-        except RuntimeError as err:  # the embedded Redis did not start
-            print(f"loragate up: {err}", file=sys.stderr)
-            return 1
+def _prepare(stack: StackConfig, env: dict[str, str], stops: StopRequests) -> bool:
+    """Fetch or build the named models, one child at a time; False if one failed or a stop came."""
+    for command in prepare_commands(m.source for m in stack.models):
+        child = spawn(_cli(*command), env=env)
+        while child.poll() is None and not stops.count:
+            time.sleep(0.2)
+        if child.poll() is None:
+            _stop({" ".join(command): child}, stops)
+            return False
+        if child.returncode:
+            print(
+                f"loragate up: loragate {' '.join(command)} failed (exit {child.returncode})", file=sys.stderr
+            )
+            return False
+    for m in stack.models:
+        if is_named(m.source):
+            try:
+                check_checkpoint(m.checkpoint, m.source)
+            except StackError as err:
+                print(f"loragate up: after fetching it, {err}", file=sys.stderr)
+                return False
+    return True
 
 
-def _run(args: argparse.Namespace, instance: str, state: Path, stops: StopRequests) -> int:
-    env = dict(os.environ)
-    make = spawn(_cli("models", "make"), env=env)
-    while make.poll() is None and not stops.count:
-        time.sleep(0.2)
-    if make.poll() is None:
-        _stop({"models make": make}, stops)
-        return 0
-    if make.returncode:
-        return 1
-    zoo = cache_dir() / "zoo-v1"
-    key, admin = f"sk-dev-{secrets.token_hex(8)}", secrets.token_urlsafe(16)
+def _worker_args(stack: StackConfig, instance: str) -> dict[str, list[str]]:
+    """Each worker's id and `loragate worker` arguments; ids are unique across instances."""
+    out, n = {}, 0
+    for m in stack.models:
+        args = ["--model", str(m.checkpoint), "--model-name", m.name]
+        if m.adapters is not None and m.adapters.is_dir():
+            args += ["--adapters", str(m.adapters)] + [a for p in m.pin for a in ("--pin", p)]
+        args += [a for flag, v in (("--device", m.device), ("--dtype", m.dtype)) if v for a in (flag, v)]
+        for _ in range(m.workers):
+            worker_id = f"{m.name}-{n}-{instance}"
+            out[worker_id] = ["worker", *args, "--worker-id", worker_id]
+            n += 1
+    return out
+
+
+def _admin(url: str, token: str, method: str = "GET", body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.load(resp)
+    except OSError as err:
+        detail = err.read().decode(errors="replace") if hasattr(err, "read") else ""
+        raise RuntimeError(f"{method} {url}: {err} {detail}".strip()) from None
+
+
+def _set_auto(url: str, admin: str, tiers: Sequence[Any]) -> None:
+    """Make the active policy's `auto` alias route to `tiers`, keeping the rest of the policy: a new version
+    only if it differs (an external Redis may hold an operator's policy)."""
+    active = _admin(f"{url}/admin/policy", admin)["document"]
+    if active.get("aliases", {}).get("auto", {}).get("tiers") != list(tiers):
+        note = "loragate%20up%3A%20the%20stack%27s%20auto%20tiers"
+        _admin(f"{url}/admin/policy?note={note}", admin, "PUT", with_auto(active, list(tiers)))
+
+
+def _run(stack: StackConfig, instance: str, state: Path, stops: StopRequests) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "LORAGATE_ADMIN_TOKEN"}  # the config file's wins
+    if not _prepare(stack, env, stops):
+        return 0 if stops.count else 1
+    keys = dict(stack.api_keys) or {f"sk-dev-{secrets.token_hex(8)}": "dev"}
+    admin = stack.admin_token or os.environ.get("LORAGATE_ADMIN_TOKEN") or secrets.token_urlsafe(16)
+    roots = [str(m.adapters) for m in stack.models if m.adapters is not None and m.adapters.is_dir()]
     config = state / "gateway.json"
     config.touch(mode=0o600)
-    config.write_text(
-        json.dumps({"api_keys": {key: "dev"}, "admin_token": admin, "adapter_roots": [str(zoo / "adapters")]})
-    )
+    config.write_text(json.dumps({"api_keys": keys, "admin_token": admin, "adapter_roots": roots}))
     redis_server = None if env.get("REDIS_URL") else EmbeddedRedis(state / "redis")
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         if redis_server is not None:
             redis_server.start()
             env["REDIS_URL"] = redis_server.url
+        port = str(stack.port)
         procs["gateway"] = spawn(
-            _cli("gateway", "--host", args.host, "--port", str(args.port), "--config", str(config)), env=env
+            _cli("gateway", "--host", stack.host, "--port", port, "--config", str(config)), env=env
         )
-        for i in range(args.workers):
-            base = BASES[i % len(BASES)]
-            worker_id = f"{base}-{i}-{instance}"  # unique across instances: each consumes only its own queue
-            model, adapters = str(zoo / base), str(zoo / "adapters" / base)
-            worker = ["--model", model, "--model-name", base, "--adapters", adapters, "--worker-id"]
-            procs[worker_id] = spawn(_cli("worker", *worker, worker_id), env=env)
-        http = f"http://{args.host}:{args.port}"
-        banner = _banner(http, key, admin, "tiny", "tiny:qv-r8", state)
-        return _supervise(http, banner, procs, args.workers, stops, redis_server)
+        for worker_id, args in _worker_args(stack, instance).items():
+            procs[worker_id] = spawn(_cli(*args), env=env)
+        host = f"[{stack.host}]" if ":" in stack.host else stack.host
+        http = f"http://{host}:{stack.port}"
+        key, tenant = next(iter(keys.items()))
+
+        def on_healthy() -> str:
+            _set_auto(http, admin, stack.auto)
+            write_endpoint(state, Endpoint(f"{http}/v1", key))
+            return banner(http, stack, key, tenant, admin, state)
+
+        return _supervise(http, on_healthy, procs, stack.workers, stops, redis_server)
     finally:
         _stop(procs, stops)
         if redis_server is not None:
@@ -146,14 +263,15 @@ def _run(args: argparse.Namespace, instance: str, state: Path, stops: StopReques
 
 def _supervise(
     url: str,
-    banner: str,
+    on_healthy: Callable[[], str],
     procs: dict[str, subprocess.Popen[bytes]],
     workers: int,
     stops: StopRequests,
     redis_server: EmbeddedRedis | None,
 ) -> int:
-    """Until a stop signal (0) or a child's exit (1): print the banner once healthy; restart the embedded
-    Redis if it dies (its append-only file brings the queues back, less at most the last second)."""
+    """Until a stop signal (0) or a child's exit (1): once healthy, run `on_healthy` and print the banner it
+    returns; restart the embedded Redis if it dies (its append-only file brings the queues back, less at
+    most the last second)."""
     healthy, healthy_by = False, time.monotonic() + HEALTHY_WITHIN_S
     while not stops.count:
         if redis_server is not None and not redis_server.running():
@@ -166,7 +284,7 @@ def _supervise(
         if not healthy:
             if _healthy(url, workers):
                 healthy = True
-                print(banner, flush=True)
+                print(on_healthy(), flush=True)
             elif time.monotonic() > healthy_by:
                 print("loragate up: the stack did not become healthy", file=sys.stderr)
                 return 1
