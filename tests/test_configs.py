@@ -1,8 +1,9 @@
 """Every config the project ships loads with the real loader, and a bad one is a clear error.
 
-Shipped configs: the files under deploy/ (each mounted by compose.yaml into the service that reads it),
-and every YAML/JSON example in the README, docs/ and the settings module's docstring that is a gateway
-config. A new file under deploy/ must be added to CONFIG_READERS, so none ships untested.
+Shipped configs: the files under deploy/ (each mounted by compose.yaml into the service that reads it, or
+a stack file for `loragate up -c`), and every YAML/JSON example in the README, docs/ and the settings
+module's docstring that is a gateway config or a stack file. A new file under deploy/ must be added to
+CONFIG_READERS or STACK_FILES, so none ships untested.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 
 import gateway.settings
 from gateway.settings import ConfigError, GatewaySettings
+from loragate.stack_config import StackError, load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 GATEWAY_KEYS = {f.name for f in fields(GatewaySettings)}
@@ -30,6 +32,7 @@ CONFIG_READERS = {
     "otel-collector.yaml": "otel-collector",
     "prometheus.yml": "prometheus",
 }
+STACK_FILES = ("stack.example.yaml",)  # read by `loragate up -c` (tests/loragate/test_stack_config.py)
 
 
 def _mounts(compose: dict[str, Any]) -> dict[str, str]:
@@ -58,7 +61,7 @@ def _doc_examples() -> list[tuple[str, str, str]]:
 def test_every_file_under_deploy_is_mounted_by_the_service_that_reads_it() -> None:
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     shipped = {p.name for p in (ROOT / "deploy").iterdir()}
-    assert shipped == set(CONFIG_READERS), "a new config file needs a loader check here"
+    assert shipped == {*CONFIG_READERS, *STACK_FILES}, "a new config file needs a loader check here"
     assert _mounts(compose) == {f"deploy/{name}": service for name, service in CONFIG_READERS.items()}
 
 
@@ -81,6 +84,7 @@ def test_every_gateway_config_example_in_the_docs_loads(tmp_path: Path) -> None:
         for where, lang, text in _doc_examples()
         if isinstance(data := (json.loads(text) if lang == "json" else yaml.safe_load(text)), dict)
         and GATEWAY_KEYS & set(data)
+        and "models" not in data  # a stack file (below)
     ]
     assert any(where.startswith("gateway/settings.py") for where, _, _ in examples)
     for i, (where, lang, text) in enumerate(examples):
@@ -90,6 +94,22 @@ def test_every_gateway_config_example_in_the_docs_loads(tmp_path: Path) -> None:
             GatewaySettings.load("redis://127.0.0.1:6379/0", path)
         except ConfigError as err:
             pytest.fail(f"the example at {where} does not load: {err}")
+
+
+def test_every_stack_file_shipped_or_in_the_docs_loads(tmp_path: Path) -> None:
+    examples = [(f"deploy/{name}", (ROOT / "deploy" / name).read_text()) for name in STACK_FILES]
+    examples += [
+        (where, text)
+        for where, lang, text in _doc_examples()
+        if lang != "json" and isinstance(data := yaml.safe_load(text), dict) and "models" in data
+    ]
+    for i, (where, text) in enumerate(examples):
+        path = tmp_path / f"stack-{i}.yaml"
+        path.write_text(text)
+        try:
+            load_stack(path)
+        except StackError as err:
+            pytest.fail(f"the stack file at {where} does not load: {err}")
 
 
 @pytest.mark.parametrize(
