@@ -13,7 +13,7 @@ from pathlib import Path
 
 # subcommand words -> (module with `main(argv) -> int`, help)
 PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
-    ("up",): ("loragate.up", "the embedded dev stack: Redis, a gateway and workers, in one command"),
+    ("up",): ("loragate.up", "a whole stack in one command: Redis, a gateway, workers (smollm2 by default)"),
     ("gateway",): ("gateway.main", "run the OpenAI-compatible gateway"),
     ("worker",): ("worker.main", "run a worker: engine + Redis queue consumer"),
     ("demo",): ("worker.demo", "generate with the demo models and adapters, in-process"),

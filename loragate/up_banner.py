@@ -59,8 +59,8 @@ loragate is up at {url}  (OpenAI-compatible)
 
 {examples}
   python -c "from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='{key}'); \\
-print(c.chat.completions.create(model='{first.name}', messages=[{{'role': 'user', 'content': '{QUESTION}'}}], \\
-max_tokens=32).choices[0].message.content)"
+print(c.chat.completions.create(model='{first.name}', max_tokens=32, \\
+messages=[{{'role': 'user', 'content': '{QUESTION}'}}]).choices[0].message.content)"
 
   models: curl {url}/v1/models -H "Authorization: Bearer {key}"
   fleet:  curl {url}/admin/workers -H "Authorization: Bearer {admin}"

@@ -99,3 +99,8 @@ def test_missing_checkpoint_is_refused_before_anything_starts(tmp_path: Path) ->
     assert run.stderr.strip() == (
         f"loragate up: --model: {tmp_path / 'no-config'} has no config.json (not a Hugging Face checkpoint)"
     )
+
+
+def test_the_names_up_pulls_are_the_names_models_pull_knows() -> None:
+    pull = pytest.importorskip("worker.hub.pull")  # `loragate models pull` (imports torch: not in `up`)
+    assert set(stack_sources.PULLED) == set(pull.PULLABLE)
