@@ -223,6 +223,12 @@ def _set_auto(url: str, admin: str, tiers: Sequence[Any]) -> None:
         _admin(f"{url}/admin/policy?note={note}", admin, "PUT", with_auto(active, list(tiers)))
 
 
+def _reachable(host: str) -> str:
+    """How a client on this machine reaches a server listening on `host` (any address: loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
 def _run(stack: StackConfig, instance: str, state: Path, stops: StopRequests) -> int:
     env = {k: v for k, v in os.environ.items() if k != "LORAGATE_ADMIN_TOKEN"}  # the config file's wins
     if not _prepare(stack, env, stops):
@@ -245,8 +251,7 @@ def _run(stack: StackConfig, instance: str, state: Path, stops: StopRequests) ->
         )
         for worker_id, args in _worker_args(stack, instance).items():
             procs[worker_id] = spawn(_cli(*args), env=env)
-        host = f"[{stack.host}]" if ":" in stack.host else stack.host
-        http = f"http://{host}:{stack.port}"
+        http = f"http://{_reachable(stack.host)}:{stack.port}"
         key, tenant = next(iter(keys.items()))
 
         def on_healthy() -> str:

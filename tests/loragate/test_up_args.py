@@ -104,3 +104,12 @@ def test_missing_checkpoint_is_refused_before_anything_starts(tmp_path: Path) ->
 def test_the_names_up_pulls_are_the_names_models_pull_knows() -> None:
     pull = pytest.importorskip("worker.hub.pull")  # `loragate models pull` (imports torch: not in `up`)
     assert set(stack_sources.PULLED) == set(pull.PULLABLE)
+
+
+def test_up_stays_light_it_never_imports_torch() -> None:
+    code = (
+        "import sys, loragate.up as up; up.stack_from_args(up.build_parser().parse_args([]));"
+        "print(sorted(m for m in ('torch', 'transformers', 'worker.engine') if m in sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
