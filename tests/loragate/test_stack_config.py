@@ -11,7 +11,7 @@ import yaml
 
 from loragate import stack_sources
 from loragate.stack_config import ModelSpec, StackError, load_stack, parse_stack
-from loragate.up import build_parser, stack_from_args
+from loragate.up_args import build_parser, stack_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 

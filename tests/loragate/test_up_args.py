@@ -11,7 +11,7 @@ import pytest
 
 from loragate import stack_sources
 from loragate.stack_config import StackConfig, StackError
-from loragate.up import DEFAULT_AUTO, build_parser, stack_from_args
+from loragate.up_args import DEFAULT_AUTO, build_parser, stack_from_args
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_the_names_up_pulls_are_the_names_models_pull_knows() -> None:
 
 def test_up_stays_light_it_never_imports_torch() -> None:
     code = (
-        "import sys, loragate.up as up; up.stack_from_args(up.build_parser().parse_args([]));"
+        "import sys, loragate.up, loragate.up_args as a; a.stack_from_args(a.build_parser().parse_args([]));"
         "print(sorted(m for m in ('torch', 'transformers', 'worker.engine') if m in sys.modules))"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
