@@ -1,4 +1,4 @@
-"""An exclusive lock file that serialises builders of one cache entry across processes, waited for a bounded time.
+"""An exclusive lock file that serialises the builders of one cache entry, waited for a bounded time.
 
 Whoever builds something into the cache (the model zoo, a pulled model) holds the lock while it builds;
 a second process waits, then finds the finished entry. The holder writes its pid into the file, so a
@@ -17,7 +17,7 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def exclusive_lock(path: Path, timeout_s: float, what: str) -> Iterator[None]:
-    """Hold an exclusive `flock` on `path` (created if missing); `what` names the build in the timeout error."""
+    """Hold an exclusive `flock` on `path` (created if missing); `what` names the build in errors."""
     with path.open("a+") as handle:
         deadline = time.monotonic() + timeout_s
         while True:
