@@ -30,6 +30,18 @@ def _models_make(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_pull(args: argparse.Namespace) -> int:
+    from worker.hub.pull import PullError, ensure_model
+
+    try:
+        path = ensure_model(args.name, progress=not args.quiet)
+    except PullError as e:
+        print(f"loragate models pull: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loragate",
@@ -39,12 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for words, (_, text) in PASSTHROUGH.items():
         sub.add_parser(words[0], help=text, add_help=False)
-    models = sub.add_parser("models", help="build the demo checkpoints and adapters")
+    models = sub.add_parser("models", help="build the demo checkpoints; pull real models")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     make = models_sub.add_parser("make", help="build the demo base models, tokenizer and LoRA adapters")
     make.add_argument("--out", help="output directory (default: the loragate cache)")
     make.add_argument("--quiet", action="store_true", help="no progress bar")
     make.set_defaults(func=_models_make)
+    pull = models_sub.add_parser(
+        "pull", help="fetch, verify and convert a real model into the cache (prints its directory)"
+    )
+    pull.add_argument("name", help="the model to pull (smollm2)")
+    pull.add_argument("--quiet", action="store_true", help="no progress output")
+    pull.set_defaults(func=_models_pull)
     return parser
 
 

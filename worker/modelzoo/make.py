@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
+from loragate.file_lock import exclusive_lock
 from loragate.paths import cache_dir
 from worker.modelzoo.adapters import ADAPTER_SPECS, build_adapter
 from worker.modelzoo.bases import BASE_SPECS, base_spec, build_base
@@ -133,32 +132,6 @@ LOCK_TIMEOUT_S = 120.0
 
 
 @contextlib.contextmanager
-def _exclusive_lock(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    with path.open("a+") as handle:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    handle.seek(0)
-                    holder = handle.read().strip() or "unknown"
-                    raise TimeoutError(
-                        f"waited {timeout_s:.0f} s for the model zoo lock {path}, "
-                        f"held by another build (pid {holder}) that seems stuck"
-                    ) from None
-                time.sleep(0.2)
-        handle.truncate(0)
-        handle.write(str(os.getpid()))
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     # transformers draws a bar per saved checkpoint, which would shred our single build bar.
     was_enabled = hf_logging.is_progress_bar_enabled()
@@ -179,7 +152,7 @@ def make_all(out: Path | None = None, progress: bool = True, *, bases: Sequence[
     if is_complete(root, bases):
         return ZooPaths(root)
     root.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root.parent / f".{root.name}.lock"):
+    with exclusive_lock(root.parent / f".{root.name}.lock", LOCK_TIMEOUT_S, "model zoo"):
         if is_complete(root, bases):  # another process finished it while we waited
             return ZooPaths(root)
         _remove_stale_builds(root)
