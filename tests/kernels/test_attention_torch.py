@@ -154,15 +154,15 @@ def test_sliding_window_sees_keys_less_than_window_positions_back(phase: str) ->
     # transformers' Mistral mask keeps key j for query i when i - j < window (`kv_idx > q_idx - window`).
     # With q = 0 the softmax is uniform, and V[j] = j makes the output the mean of the positions seen.
     ctx, window = 10, 4
-    k_cache = torch.randn(2, 8, 1, 16)
-    v_cache = torch.arange(16, dtype=torch.float32).view(2, 8, 1, 1).expand(2, 8, 1, 16).contiguous()
+    kc = torch.randn(2, 8, 1, 16)
+    vc = torch.arange(16, dtype=torch.float32).view(2, 8, 1, 1).expand(2, 8, 1, 16).contiguous()
     tables, lens = torch.tensor([[0, 1]]), torch.tensor([ctx])
     if phase == "decode":
         out = torch.empty(1, 1, 16)
-        paged_attention_decode(out, torch.zeros(1, 1, 16), k_cache, v_cache, tables, lens, 1.0, window)
+        paged_attention_decode(out, torch.zeros(1, 1, 16), kc, vc, tables, lens, 1.0, window)
     else:
         out, starts = torch.empty(ctx, 1, 16), torch.tensor([0, ctx])
-        paged_attention_prefill(out, torch.zeros_like(out), k_cache, v_cache, tables, starts, lens, 1.0, window)
+        paged_attention_prefill(out, torch.zeros_like(out), kc, vc, tables, starts, lens, 1.0, window)
         assert out[:, 0, 0].tolist() == [0.0, 0.5, 1.0, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]
     assert float(out[-1, 0, 0]) == (6 + 7 + 8 + 9) / 4
 
