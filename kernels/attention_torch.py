@@ -85,12 +85,14 @@ def paged_attention_decode_torch(
         num_blocks = max(spans[start:end])
         ctx = num_blocks * block_size
         tables = block_tables.index_select(0, idx)
-        first = torch.tensor(firsts[start:end], dtype=torch.int64, device=q.device)
+        pos = torch.arange(ctx, device=q.device)  # cache position of each gathered key, per sequence
         if sliding_window is None:
             tables = tables[:, :num_blocks]
         else:
+            first = torch.tensor(firsts[start:end], dtype=torch.int64, device=q.device)
             cols = first[:, None] + torch.arange(num_blocks, device=q.device)
             tables = tables.gather(1, cols.clamp(max=tables.shape[1] - 1))
+            pos = pos + first[:, None] * block_size
         # Entries past a shorter sequence's context may hold anything: clamp them to a real block.
         tables = tables.clamp(0, k_cache.shape[0] - 1).reshape(-1)
         k = k_cache.index_select(0, tables).view(n, ctx, kvh, head_dim).transpose(1, 2).to(dtype)
@@ -98,7 +100,6 @@ def paged_attention_decode_torch(
         qg = q.index_select(0, idx).view(n, kvh, group, head_dim).to(dtype)
         mask = None
         if sliding_window is not None or lens[end - 1] < ctx:
-            pos = first[:, None] * block_size + torch.arange(ctx, device=q.device)
             c = sorted_lens[start:end, None]
             seen = pos < c if sliding_window is None else (pos < c) & (pos >= c - sliding_window)
             mask = seen[:, None, None, :]
