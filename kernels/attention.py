@@ -5,6 +5,13 @@ KV cache layout: `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, f
 slot is `block_id * block_size + offset`. The backend follows the tensors' device (see `kernels.backend`):
 the Triton kernels of `kernels.attention_triton` on CUDA, `kernels.attention_torch` otherwise. The KV
 write is one `index_copy_` on either device.
+
+Sliding-window attention (Mistral, windowed Qwen2 layers) is the same causal attention with the keys
+more than `sliding_window - 1` positions behind the query masked out: the query at position `p` sees keys
+`p - sliding_window < j <= p`, which is transformers' `sliding_window_overlay` (`kv_idx > q_idx - window`).
+Both backends skip the blocks wholly behind every query's window, so a windowed step reads O(window)
+keys, but the cache still holds the whole context: freeing the blocks that fall out of the window (a
+rolling block table) would cap KV memory too, and is not done here.
 """
 
 from __future__ import annotations
@@ -45,11 +52,13 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> None:
-    """Decode attention: one query token per sequence over its whole paged context.
+    """Decode attention: one query token per sequence over its paged context (or the window's end of it).
 
     Semantics:
-        for b: K_b, V_b = the first context_lens[b] cached tokens along block_tables[b]
+        for b: c = context_lens[b];  lo = max(0, c - sliding_window) if sliding_window else 0
+            K_b, V_b = cached tokens lo .. c - 1 along block_tables[b]
             out[b, h] = softmax(scale * q[b, h] @ K_b[:, h // G].T) @ V_b[:, h // G],  G = H / KVH
 
     Args:
@@ -61,13 +70,16 @@ def paged_attention_decode(
             are ignored (may be any value).
         context_lens: Shape `[B]`, int64. Tokens in each sequence's context, the query's own included.
         scale: Softmax scale, usually `D ** -0.5`.
+        sliding_window: Scalar, `None` or `>= 1`. Keys the query sees, its own included (`None`: all).
     """
+    args = (out, q, k_cache, v_cache, block_tables, context_lens, scale)
+    check_window(sliding_window)
     if use_triton(q):
         from kernels.attention_triton import paged_attention_decode_triton
 
-        paged_attention_decode_triton(out, q, k_cache, v_cache, block_tables, context_lens, scale)
+        paged_attention_decode_triton(*args, sliding_window=sliding_window)
     else:
-        paged_attention_decode_torch(out, q, k_cache, v_cache, block_tables, context_lens, scale)
+        paged_attention_decode_torch(*args, sliding_window=sliding_window)
 
 
 def paged_attention_prefill(
@@ -79,12 +91,14 @@ def paged_attention_prefill(
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> None:
     """Prefill / chunked-prefill attention: each sequence's new queries over its cached prefix + itself.
 
     Semantics:
         for b: queries q[s[b]:s[b+1]] sit at the last n_b = s[b+1] - s[b] positions of a context of
-            c_b = context_lens[b] tokens; query j attends to context tokens 0 .. c_b - n_b + j (causal).
+            c_b = context_lens[b] tokens; query j, at position p = c_b - n_b + j, attends to context
+            tokens max(0, p - sliding_window + 1) .. p (causal; from 0 when sliding_window is None).
 
     Args:
         out: Shape `[T, H, D]`. Output, written in place.
@@ -95,11 +109,19 @@ def paged_attention_prefill(
         query_start_loc: Shape `[B + 1]`, int64. Start of each sequence's queries in `q`.
         context_lens: Shape `[B]`, int64. Context length per sequence, the new tokens included.
         scale: Softmax scale.
+        sliding_window: Scalar, `None` or `>= 1`. Keys each query sees, its own included (`None`: all).
     """
     args = (out, q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+    check_window(sliding_window)
     if use_triton(q):
         from kernels.attention_triton import paged_attention_prefill_triton
 
-        paged_attention_prefill_triton(*args)
+        paged_attention_prefill_triton(*args, sliding_window=sliding_window)
     else:
-        paged_attention_prefill_torch(*args)
+        paged_attention_prefill_torch(*args, sliding_window=sliding_window)
+
+
+def check_window(sliding_window: int | None) -> None:
+    """Reject a window that would hide a query's own key (and leave its softmax empty)."""
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")

@@ -13,7 +13,9 @@ two choices:
   mask was 2-7× slower on the same shapes. Scores and softmax are fp32; with bf16 storage the
   probabilities multiply V in bf16, as the Triton kernel does.
 
-fp16 storage is computed in fp32 in both paths: fp16 matmuls are slow on CPUs.
+A sliding window only changes which blocks are gathered (those holding a key some query can see) and
+adds a band mask; the softmax and matmuls are the same. fp16 storage is computed in fp32 in both paths:
+fp16 matmuls are slow on CPUs.
 """
 
 from __future__ import annotations
@@ -39,16 +41,21 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.float16 else dtype
 
 
-def _decode_groups(lens: list[int], block_size: int, block_bytes: int) -> list[tuple[int, int]]:
-    """`[start, end)` runs of the length-sorted (descending) batch, each within `DECODE_GROUP_BYTES`."""
+def _decode_groups(spans: list[int], block_bytes: int) -> list[tuple[int, int]]:
+    """`[start, end)` runs of the batch (sorted by context length, descending), each gathering about
+    `DECODE_GROUP_BYTES`; `spans` are the blocks each sequence gathers."""
     groups = []
     start = 0
-    while start < len(lens):
-        blocks = -(-lens[start] // block_size)
-        size = max(1, DECODE_GROUP_BYTES // max(1, blocks * block_bytes))
-        groups.append((start, min(len(lens), start + size)))
+    while start < len(spans):
+        size = max(1, DECODE_GROUP_BYTES // max(1, spans[start] * block_bytes))
+        groups.append((start, min(len(spans), start + size)))
         start += size
     return groups
+
+
+def _first_block(first_query: int, block_size: int, sliding_window: int | None) -> int:
+    """The block holding the earliest key that a sequence's first query (at `first_query`) sees."""
+    return max(0, first_query - sliding_window + 1) // block_size if sliding_window is not None else 0
 
 
 def paged_attention_decode_torch(
@@ -59,6 +66,7 @@ def paged_attention_decode_torch(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> None:
     batch, num_heads, head_dim = q.shape
     if batch == 0:
@@ -68,26 +76,45 @@ def paged_attention_decode_torch(
     dtype = _compute_dtype(q.dtype)
     sorted_lens, order = torch.sort(context_lens, descending=True, stable=True)
     lens = sorted_lens.tolist()
+    firsts = [_first_block(c - 1, block_size, sliding_window) for c in lens]
+    spans = [-(-c // block_size) - f for c, f in zip(lens, firsts, strict=True)]
     block_bytes = 2 * k_cache[0].numel() * k_cache.element_size()
-    for start, end in _decode_groups(lens, block_size, block_bytes):
+    for start, end in _decode_groups(spans, block_bytes):
         n = end - start
         idx = order[start:end]
-        num_blocks = -(-lens[start] // block_size)
+        num_blocks = max(spans[start:end])
         ctx = num_blocks * block_size
+        tables = block_tables.index_select(0, idx)
+        pos = torch.arange(ctx, device=q.device)  # cache position of each gathered key, per sequence
+        if sliding_window is None:
+            tables = tables[:, :num_blocks]
+        else:
+            first = torch.tensor(firsts[start:end], dtype=torch.int64, device=q.device)
+            cols = first[:, None] + torch.arange(num_blocks, device=q.device)
+            tables = tables.gather(1, cols.clamp(max=tables.shape[1] - 1))
+            pos = pos + first[:, None] * block_size
         # Entries past a shorter sequence's context may hold anything: clamp them to a real block.
-        tables = block_tables.index_select(0, idx)[:, :num_blocks].clamp(0, k_cache.shape[0] - 1).reshape(-1)
+        tables = tables.clamp(0, k_cache.shape[0] - 1).reshape(-1)
         k = k_cache.index_select(0, tables).view(n, ctx, kvh, head_dim).transpose(1, 2).to(dtype)
         v = v_cache.index_select(0, tables).view(n, ctx, kvh, head_dim).transpose(1, 2).to(dtype)
         qg = q.index_select(0, idx).view(n, kvh, group, head_dim).to(dtype)
         mask = None
-        if lens[end - 1] < ctx:
-            mask = (torch.arange(ctx, device=q.device) < sorted_lens[start:end, None])[:, None, None, :]
+        if sliding_window is not None or lens[end - 1] < ctx:
+            c = sorted_lens[start:end, None]
+            seen = pos < c if sliding_window is None else (pos < c) & (pos >= c - sliding_window)
+            mask = seen[:, None, None, :]
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
         out.index_copy_(0, idx, o.reshape(n, num_heads, head_dim).to(out.dtype))
 
 
 def _causal_attention(
-    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, tile: int
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    tile: int,
+    sliding_window: int | None,
 ) -> None:
     """One sequence: queries `q [n, H, D]` are the last n of the context `k, v [ctx, KVH, D]`."""
     n, num_heads, head_dim = q.shape
@@ -98,14 +125,20 @@ def _causal_attention(
     vv = v.transpose(0, 1).to(pv_dtype)  # [KVH, ctx, D]
     for s in range(0, n, tile):
         t = min(n, s + tile) - s
-        hi = ctx - n + s + t  # keys up to the tile's last query
+        first_q = ctx - n + s  # the tile's first query position
+        hi = first_q + t  # keys up to the tile's last query
+        lo = max(0, first_q - sliding_window + 1) if sliding_window is not None else 0
         qt = (q[s : s + t].float() * scale).view(t, kvh, group, head_dim).permute(1, 2, 0, 3)
-        scores = torch.bmm(qt.reshape(kvh, group * t, head_dim), kt[:, :, :hi]).view(kvh, group, t, hi)
+        scores = torch.bmm(qt.reshape(kvh, group * t, head_dim), kt[:, :, lo:hi]).view(kvh, group, t, hi - lo)
         # Within the tile's last t keys, query i sees keys 0..i (bottom-right aligned causal mask).
         diag = torch.ones(t, t, dtype=torch.bool, device=q.device).triu_(1)
-        scores[..., hi - t :].masked_fill_(diag, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(pv_dtype).view(kvh, group * t, hi)
-        o = torch.bmm(probs, vv[:, :hi]).view(kvh, group, t, head_dim).permute(2, 0, 1, 3)
+        scores[..., hi - lo - t :].masked_fill_(diag, float("-inf"))
+        if sliding_window is not None:
+            keys = torch.arange(lo, hi, device=q.device)
+            queries = torch.arange(first_q, hi, device=q.device)
+            scores.masked_fill_(keys[None, :] <= queries[:, None] - sliding_window, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(pv_dtype).view(kvh, group * t, hi - lo)
+        o = torch.bmm(probs, vv[:, lo:hi]).view(kvh, group, t, head_dim).permute(2, 0, 1, 3)
         out[s : s + t] = o.reshape(t, num_heads, head_dim)
 
 
@@ -118,6 +151,7 @@ def paged_attention_prefill_torch(
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> None:
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, kvh = k_cache.shape[1], k_cache.shape[2]
@@ -127,8 +161,12 @@ def paged_attention_prefill_torch(
         s, e = starts[i], starts[i + 1]
         if e == s:
             continue
-        blocks = block_tables[i, : -(-ctx // block_size)]
-        k = k_cache.index_select(0, blocks).view(-1, kvh, head_dim)[:ctx]
-        v = v_cache.index_select(0, blocks).view(-1, kvh, head_dim)[:ctx]
-        tile = max(16, min(256, PREFILL_TILE_BYTES // (4 * num_heads * ctx)))
-        _causal_attention(out[s:e], q[s:e], k, v, scale, tile)
+        first = _first_block(ctx - (e - s), block_size, sliding_window)
+        blocks = block_tables[i, first : -(-ctx // block_size)]
+        # Positions are shifted by the skipped blocks; the masks depend only on query - key distances.
+        span = ctx - first * block_size
+        k = k_cache.index_select(0, blocks).view(-1, kvh, head_dim)[:span]
+        v = v_cache.index_select(0, blocks).view(-1, kvh, head_dim)[:span]
+        keys = min(span, sliding_window) if sliding_window is not None else span
+        tile = max(16, min(256, PREFILL_TILE_BYTES // (4 * num_heads * keys)))
+        _causal_attention(out[s:e], q[s:e], k, v, scale, tile, sliding_window)

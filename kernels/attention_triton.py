@@ -14,6 +14,11 @@ Prefill runs one program per (query tile, sequence, query head). Queries sit at 
 context (a chunk after its cached prefix), so the causal bound is `pos <= c_b - n_b + j`; tiles past the
 diagonal are never visited. The grid is sized by the total token count (no host sync for the longest
 sequence); tiles past a sequence's queries return at once.
+
+A sliding window `W` moves where the walk starts: decode splits only the last `W` positions, prefill
+starts at the tile's first query minus `W - 1` and masks `pos <= q_pos - W` per row. A row may then see
+no key in its first tiles, so the running max is read through `m_safe` (0 while still -inf). Without a
+window the kernels get `NO_WINDOW`, larger than any context.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from kernels.triton_util import (
 )
 
 LOG2E = 1.4426950408889634
+NO_WINDOW = 2**31 - 1
 
 
 @triton.jit
@@ -44,6 +50,7 @@ def _decode_kernel(
     bt_ptr,
     ctx_ptr,
     qk_scale,
+    window,
     G,
     D,
     BS,
@@ -73,8 +80,9 @@ def _decode_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b).to(tl.int32)
-    per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), num_splits) * BLOCK_N
-    lo = split * per_split
+    first = tl.maximum(ctx - window, 0)
+    per_split = tl.cdiv(tl.cdiv(ctx - first, BLOCK_N), num_splits) * BLOCK_N
+    lo = first + split * per_split
     hi = tl.minimum(ctx, lo + per_split)
     gs = tl.arange(0, BLOCK_G)
     ds = tl.arange(0, BLOCK_D)
@@ -171,6 +179,7 @@ def _prefill_kernel(
     qsl_ptr,
     ctx_ptr,
     qk_scale,
+    window,
     G,
     D,
     BS,
@@ -214,9 +223,9 @@ def _prefill_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    # Every row sees position 0, so no row's running max stays -inf after the first tile.
     hi = tl.minimum(ctx, prefix + (m_tile + 1) * BLOCK_M)
-    for start in range(0, hi, BLOCK_N):
+    lo = tl.maximum(prefix + m_tile * BLOCK_M - window + 1, 0)
+    for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         ok = pos < hi
         blk = tl.load(bt_ptr + b * stride_btb + pos // BS, mask=ok, other=0)
@@ -227,10 +236,12 @@ def _prefill_kernel(
             other=0.0,
         )
         s = mma(q, k, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST, PRECISION) * qk_scale
-        s = tl.where(ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        seen = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(ok[None, :] & seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         v = tl.load(
             v_ptr + blk[:, None] * stride_vb + row[:, None] * stride_vt + kvh * stride_vh + ds[None, :],
             mask=ok[:, None] & d_ok[None, :],
@@ -239,7 +250,8 @@ def _prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None], UPCAST, PRECISION)
         m_i = m_new
-    o = acc / l_i[:, None]
+    # Only padding rows (past the sequence's queries) can have seen nothing within a window.
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     out_ptrs = out_ptr + (q_first + rows)[:, None] * stride_ot + h * stride_oh + ds[None, :]
     tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
@@ -258,6 +270,7 @@ def paged_attention_decode_triton(
     context_lens: torch.Tensor,
     scale: float,
     *,
+    sliding_window: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,
 ) -> None:
@@ -274,7 +287,8 @@ def paged_attention_decode_triton(
     max_ctx = block_tables.shape[1] * block_size
     bn = block_n or pow2_tile(max_ctx, hi=64)
     require_dot_tiles(BLOCK_G=bg, BLOCK_N=bn, BLOCK_D=bd)
-    splits = num_splits or _decode_splits(batch * kv_heads, triton.cdiv(max_ctx, bn))
+    window = sliding_window or NO_WINDOW
+    splits = num_splits or _decode_splits(batch * kv_heads, triton.cdiv(min(max_ctx, window), bn))
     upcast, precision = dot_flags(q.dtype)
     if splits == 1:
         target, lse = out, out
@@ -294,6 +308,7 @@ def paged_attention_decode_triton(
         block_tables,
         context_lens,
         scale * LOG2E,
+        window,
         group,
         head_dim,
         block_size,
@@ -348,6 +363,7 @@ def paged_attention_prefill_triton(
     context_lens: torch.Tensor,
     scale: float,
     *,
+    sliding_window: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> None:
@@ -372,6 +388,7 @@ def paged_attention_prefill_triton(
         query_start_loc,
         context_lens,
         scale * LOG2E,
+        sliding_window or NO_WINDOW,
         num_heads // kv_heads,
         head_dim,
         block_size,

@@ -45,19 +45,26 @@ def sgmv_expand_ref(
 
 
 def attention_ref(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: list[int], scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: list[int],
+    scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """float64 causal attention of queries at absolute `q_positions` over a contiguous context.
 
-    q: [n, H, D]; k, v: [ctx, KVH, D]. Query i attends to context tokens 0..q_positions[i].
+    q: [n, H, D]; k, v: [ctx, KVH, D]. Query i attends to context tokens lo..q_positions[i], where lo is
+    0, or with a window the first key less than `sliding_window` positions back (`pos - j < window`).
     """
     heads, kvh = q.shape[1], k.shape[1]
     group = heads // kvh
     out = torch.zeros(q.shape, dtype=torch.float64)
     for i, pos in enumerate(q_positions):
+        lo = max(0, pos - sliding_window + 1) if sliding_window is not None else 0
         for h in range(heads):
-            kk = k[: pos + 1, h // group].double()
-            vv = v[: pos + 1, h // group].double()
+            kk = k[lo : pos + 1, h // group].double()
+            vv = v[lo : pos + 1, h // group].double()
             w = torch.softmax(scale * (kk @ q[i, h].double()), dim=0)
             out[i, h] = w @ vv
     return out

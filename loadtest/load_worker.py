@@ -46,11 +46,12 @@ FAKE_KV_BLOCKS = 1 << 20  # a load worker holds no KV cache; announce plenty so 
 
 
 def max_model_len_of(model_dir: Path) -> int:
-    """The context length a worker serving `model_dir` announces (the gateway checks requests with it)."""
+    """The context length a worker serving `model_dir` announces (the gateway checks requests with it).
+
+    As the real worker's: `max_position_embeddings`, a sliding window or not (the window masks keys in
+    attention; it does not shorten the context)."""
     config = json.loads((model_dir / "config.json").read_text())
-    window = config.get("sliding_window")
-    length = int(config.get("max_position_embeddings", 2048))
-    return min(length, int(window)) if window else length
+    return int(config.get("max_position_embeddings", 2048))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,16 @@
 """Model and engine configuration: the parts of a Hugging Face `config.json` the engine needs, validated.
 
-Supports the Llama family: `llama`, `qwen2` (q/k/v bias, optional tied embeddings) and `mistral`
-(sliding window: the engine caps its context at the window rather than attend past it). Biases are taken
-from the checkpoint's tensors, so `attention_bias` / `mlp_bias` variants load too.
+`ModelConfig` is what the engine knows of a model; `worker.models.load_model_config` builds it through the
+checkpoint's family (Llama, Qwen2, Mistral: see `worker.models`). Biases are taken from the checkpoint's
+tensors, so `attention_bias` / `mlp_bias` variants load too.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
 class ModelLoadError(ValueError):
@@ -45,7 +41,9 @@ class ModelConfig:
     max_position_embeddings: int
     rope: RopeConfig
     tie_word_embeddings: bool = False
-    sliding_window: int | None = None
+    # One entry per layer: its sliding window (keys it sees, its own included), or None for full
+    # attention. Empty means full attention everywhere.
+    layer_windows: tuple[int | None, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
 
     @property
@@ -58,7 +56,12 @@ class ModelConfig:
 
     @property
     def max_model_len(self) -> int:
-        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+        """Sliding windows do not shorten it: the attention kernels mask the keys behind a window."""
+        return self.max_position_embeddings
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, or None when it attends to the whole context."""
+        return self.layer_windows[layer] if self.layer_windows else None
 
     def module_shapes(self) -> dict[str, tuple[int, int]]:
         """(in_features, out_features) of every linear a LoRA adapter may target."""
@@ -72,66 +75,6 @@ class ModelConfig:
             "up_proj": (h, i),
             "down_proj": (i, h),
         }
-
-
-def _rope_config(raw: dict[str, Any]) -> RopeConfig:
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    kind = str(params.get("rope_type", params.get("type", "default")))
-    if kind not in ("default", "linear", "llama3"):
-        raise ModelLoadError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3)")
-    return RopeConfig(
-        theta=theta,
-        kind=kind,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
-    )
-
-
-def _eos_ids(model_dir: Path, raw: dict[str, Any]) -> tuple[int, ...]:
-    ids: list[int] = []
-    sources = [raw]
-    gen = model_dir / "generation_config.json"
-    if gen.exists():
-        sources.append(json.loads(gen.read_text()))
-    for src in sources:
-        value = src.get("eos_token_id")
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, int) and v not in ids:
-                ids.append(v)
-    return tuple(ids)
-
-
-def load_model_config(model_dir: Path) -> ModelConfig:
-    path = model_dir / "config.json"
-    if not path.exists():
-        raise ModelLoadError(f"{model_dir}: no config.json (is this a Hugging Face checkpoint directory?)")
-    raw = json.loads(path.read_text())
-    model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"{model_dir}: model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})"
-        )
-    heads = int(raw["num_attention_heads"])
-    sliding = raw.get("sliding_window") if raw.get("use_sliding_window", model_type == "mistral") else None
-    return ModelConfig(
-        model_type=model_type,
-        vocab_size=int(raw["vocab_size"]),
-        hidden_size=int(raw["hidden_size"]),
-        intermediate_size=int(raw["intermediate_size"]),
-        num_layers=int(raw["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-        rope=_rope_config(raw),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        sliding_window=int(sliding) if sliding else None,
-        eos_token_ids=_eos_ids(model_dir, raw),
-    )
 
 
 @dataclass(frozen=True, slots=True)

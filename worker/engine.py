@@ -18,11 +18,12 @@ from loragate.types import FinishReason, Request, RequestOutput
 from worker.adapter_cache import AdapterCache
 from worker.batch import build_forward_batch
 from worker.block_manager import BlockManager
-from worker.config import EngineConfig, ModelLoadError, load_model_config
+from worker.config import EngineConfig, ModelLoadError
 from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
 from worker.model import LoRAContext, ModelRunner
+from worker.models import load_model_config
 from worker.sampler import Sampler, generator_seed
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequence import Sequence, SequenceStatus

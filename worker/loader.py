@@ -1,7 +1,9 @@
 """Load a local Hugging Face Llama-family checkpoint (safetensors, sharded or not) into fused weights.
 
 q/k/v are fused into one `[q + 2·kv, hidden]` matrix and gate/up into one `[2·inter, hidden]` matrix, so
-each layer runs two big matmuls where the checkpoint has five. Biases are whatever the checkpoint holds.
+each layer runs two big matmuls where the checkpoint has five. Tensor names come from the model's family
+(`worker.models`); biases are whatever the checkpoint holds, except that a family's required biases
+(Qwen2's q/k/v) must be there.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from worker.config import ModelConfig, ModelLoadError
+from worker.models import family_named
 
 
 @dataclass(slots=True)
@@ -78,8 +81,11 @@ class _Taker:
     def fused(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
         return torch.cat([self.take(n, s) for n, s in zip(names, shapes, strict=True)]).contiguous()
 
-    def fused_bias(self, names: list[str], sizes: list[int]) -> torch.Tensor | None:
+    def fused_bias(self, names: list[str], sizes: list[int], required: list[bool]) -> torch.Tensor | None:
         present = [n in self.tensors for n in names]
+        for name, there, needed in zip(names, present, required, strict=True):
+            if needed and not there:
+                raise ModelLoadError(f"{self.model_dir}: missing tensor {name} (the family has this bias)")
         if not any(present):
             return None
         return torch.cat(
@@ -91,35 +97,41 @@ class _Taker:
 
 
 def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype, device: str) -> ModelWeights:
+    family = family_named(cfg.model_type)
+    names = family.weights
     t = _Taker(read_tensors(model_dir), model_dir, dtype, device)
     h, inter, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    qkv_modules, gate_up_modules = ["q_proj", "k_proj", "v_proj"], ["gate_proj", "up_proj"]
+    qkv_required = [m in family.required_biases for m in qkv_modules]
+    gate_up_required = [m in family.required_biases for m in gate_up_modules]
     layers = []
     for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
-        mlp = [p + "mlp.gate_proj", p + "mlp.up_proj"]
+        p = names.prefix(i)
+        attn = [names.module(i, m) for m in qkv_modules]
+        mlp = [names.module(i, m) for m in gate_up_modules]
+        o, down = names.module(i, "o_proj"), names.module(i, "down_proj")
         layers.append(
             LayerWeights(
-                input_norm=t.take(p + "input_layernorm.weight", (h,)),
+                input_norm=t.take(p + names.input_norm, (h,)),
                 qkv=t.fused([n + ".weight" for n in attn], [(q, h), (kv, h), (kv, h)]),
-                qkv_bias=t.fused_bias([n + ".bias" for n in attn], [q, kv, kv]),
-                o=t.take(p + "self_attn.o_proj.weight", (h, q)),
-                o_bias=t.maybe(p + "self_attn.o_proj.bias", (h,)),
-                post_norm=t.take(p + "post_attention_layernorm.weight", (h,)),
+                qkv_bias=t.fused_bias([n + ".bias" for n in attn], [q, kv, kv], qkv_required),
+                o=t.take(o + ".weight", (h, q)),
+                o_bias=t.maybe(o + ".bias", (h,)),
+                post_norm=t.take(p + names.post_norm, (h,)),
                 gate_up=t.fused([n + ".weight" for n in mlp], [(inter, h), (inter, h)]),
-                gate_up_bias=t.fused_bias([n + ".bias" for n in mlp], [inter, inter]),
-                down=t.take(p + "mlp.down_proj.weight", (h, inter)),
-                down_bias=t.maybe(p + "mlp.down_proj.bias", (h,)),
+                gate_up_bias=t.fused_bias([n + ".bias" for n in mlp], [inter, inter], gate_up_required),
+                down=t.take(down + ".weight", (h, inter)),
+                down_bias=t.maybe(down + ".bias", (h,)),
             )
         )
-    embed = t.take("model.embed_tokens.weight", (cfg.vocab_size, h))
-    norm = t.take("model.norm.weight", (h,))
-    head = t.maybe("lm_head.weight", (cfg.vocab_size, h))
+    embed = t.take(names.embed, (cfg.vocab_size, h))
+    norm = t.take(names.final_norm, (h,))
+    head = t.maybe(names.lm_head, (cfg.vocab_size, h))
     if head is None:
         if not cfg.tie_word_embeddings:
-            raise ModelLoadError(f"{model_dir}: missing tensor lm_head.weight")
+            raise ModelLoadError(f"{model_dir}: missing tensor {names.lm_head}")
         head = embed
-    leftovers = [k for k in t.tensors if "rotary_emb" not in k]
+    leftovers = [k for k in t.tensors if not any(part in k for part in names.ignored)]
     if leftovers:
         raise ModelLoadError(f"{model_dir}: unexpected tensors in checkpoint: {leftovers[:5]}")
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=head)

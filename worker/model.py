@@ -1,5 +1,8 @@
 """The lean Llama-family forward on paged KV with multi-LoRA: plain torch ops plus `kernels/`.
 
+One forward serves every family in `worker.models` (Llama, Qwen2, Mistral): what differs between them
+is data (biases in the weights, a sliding window per layer in the config), not code.
+
 Matches Hugging Face's computation order (RMSNorm in fp32, rotate-half RoPE, SiLU-gated MLP) so greedy
 outputs equal `transformers` + `peft`. Only the rows that need next-token logits reach the LM head.
 """
@@ -83,9 +86,17 @@ class ModelRunner:
         write_kv(k_cache, v_cache, k, v, fb.slot_mapping)
         out = torch.empty_like(q)
         nd = fb.num_decode
+        window = cfg.window(layer)
         if nd:
             paged_attention_decode(
-                out[:nd], q[:nd], k_cache, v_cache, fb.decode_block_tables, fb.decode_context_lens, self.scale
+                out[:nd],
+                q[:nd],
+                k_cache,
+                v_cache,
+                fb.decode_block_tables,
+                fb.decode_context_lens,
+                self.scale,
+                window,
             )
         if fb.num_prefill_seqs:
             paged_attention_prefill(
@@ -97,6 +108,7 @@ class ModelRunner:
                 fb.prefill_query_start_loc,
                 fb.prefill_context_lens,
                 self.scale,
+                window,
             )
         return out.view(t, cfg.q_size)
 

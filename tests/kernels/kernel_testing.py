@@ -222,25 +222,33 @@ def expand_untouched(case: LoRACase) -> torch.Tensor:
     return mask
 
 
-def decode_reference(q: torch.Tensor, kv: PagedKV, ctx_lens: list[int], scale: float) -> torch.Tensor:
+def decode_reference(
+    q: torch.Tensor, kv: PagedKV, ctx_lens: list[int], scale: float, sliding_window: int | None = None
+) -> torch.Tensor:
     """float64 `[B, H, D]`: each sequence's one query at the last position of its context."""
     rows = []
     for b, c in enumerate(ctx_lens):
         k = gather_context(kv.k, kv.tables[b], c)
         v = gather_context(kv.v, kv.tables[b], c)
-        rows.append(attention_ref(q[b : b + 1], k, v, [c - 1], scale))
+        rows.append(attention_ref(q[b : b + 1], k, v, [c - 1], scale, sliding_window))
     return torch.cat(rows)
 
 
 def prefill_reference(
-    q: torch.Tensor, kv: PagedKV, q_lens: list[int], ctx_lens: list[int], scale: float
+    q: torch.Tensor,
+    kv: PagedKV,
+    q_lens: list[int],
+    ctx_lens: list[int],
+    scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """float64 `[T, H, D]`: each sequence's queries at the last `q_lens[b]` positions of its context."""
     rows, start = [], 0
     for b, (n, c) in enumerate(zip(q_lens, ctx_lens, strict=True)):
         k = gather_context(kv.k, kv.tables[b], c)
         v = gather_context(kv.v, kv.tables[b], c)
-        rows.append(attention_ref(q[start : start + n], k, v, list(range(c - n, c)), scale))
+        positions = list(range(c - n, c))
+        rows.append(attention_ref(q[start : start + n], k, v, positions, scale, sliding_window))
         start += n
     return torch.cat(rows)
 

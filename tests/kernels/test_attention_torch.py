@@ -1,4 +1,4 @@
-"""The CPU paged-attention paths against the float64 reference: block sizes, GQA ratios, dtypes."""
+"""The CPU paged-attention paths against the float64 reference: block sizes, GQA ratios, dtypes, windows."""
 
 from __future__ import annotations
 
@@ -21,15 +21,21 @@ GQA = [(4, 4), (8, 2), (8, 1)]  # (query heads, KV heads): ratios 1, 4, 8
 
 
 def run_decode(
-    ctx_lens: list[int], block_size: int, heads: tuple[int, int], head_dim: int, dtype: torch.dtype, seed: int
+    ctx_lens: list[int],
+    block_size: int,
+    heads: tuple[int, int],
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     kv = paged_kv(ctx_lens, block_size, heads[1], head_dim, dtype, gen)
     q = torch.randn(len(ctx_lens), heads[0], head_dim, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
     scale = head_dim**-0.5
-    paged_attention_decode(out, q, kv.k, kv.v, kv.block_tables, torch.tensor(ctx_lens), scale)
-    return out, decode_reference(q, kv, ctx_lens, scale)
+    paged_attention_decode(out, q, kv.k, kv.v, kv.block_tables, torch.tensor(ctx_lens), scale, window)
+    return out, decode_reference(q, kv, ctx_lens, scale, window)
 
 
 def run_prefill(
@@ -40,6 +46,7 @@ def run_prefill(
     head_dim: int,
     dtype: torch.dtype,
     seed: int,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     ctx = [n + p for n, p in zip(q_lens, prefixes, strict=True)]
@@ -47,9 +54,9 @@ def run_prefill(
     q = torch.randn(sum(q_lens), heads[0], head_dim, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
     scale = head_dim**-0.5
-    args = (kv.block_tables, query_start_loc(q_lens), torch.tensor(ctx), scale)
+    args = (kv.block_tables, query_start_loc(q_lens), torch.tensor(ctx), scale, window)
     paged_attention_prefill(out, q, kv.k, kv.v, *args)
-    return out, prefill_reference(q, kv, q_lens, ctx, scale)
+    return out, prefill_reference(q, kv, q_lens, ctx, scale, window)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -92,6 +99,79 @@ def test_prefill_query_tiles_meet_at_the_causal_diagonal(monkeypatch: pytest.Mon
     monkeypatch.setattr(kernels.attention_torch, "PREFILL_TILE_BYTES", 1)  # 16-query tiles
     out, ref = run_prefill([50, 23], [0, 30], 16, (8, 2), 64, torch.float32, seed=9)
     assert rel_err(out, ref) < TOLERANCE[torch.float32]
+
+
+# Windows of one token (only the query itself), shorter than a block, block-aligned, and longer than
+# some contexts (those see everything).
+WINDOWS = [1, 5, 16, 40]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_decode_sliding_window_matches_reference(window: int, block_size: int, dtype: torch.dtype) -> None:
+    ctx_lens = [1, window, window + 1, 2 * block_size + 3, 70, 5, 3 * block_size]
+    out, ref = run_decode(ctx_lens, block_size, (8, 2), 32, dtype, seed=window + block_size, window=window)
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+    _, full = run_decode(ctx_lens, block_size, (8, 2), 32, dtype, seed=window + block_size)  # same inputs
+    assert rel_err(out, full) > 10 * TOLERANCE[dtype]  # the window did hide keys
+
+
+def test_decode_sliding_window_groups_sequences_of_different_first_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kernels.attention_torch, "DECODE_GROUP_BYTES", 8 * 1024)
+    gen = torch.Generator().manual_seed(5)
+    ctx_lens = torch.randint(1, 150, (40,), generator=gen).tolist()
+    out, ref = run_decode(ctx_lens, 16, (8, 2), 32, torch.float32, seed=6, window=21)
+    assert rel_err(out, ref) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize(
+    ("q_lens", "prefixes"),
+    [([37], [0]), ([20, 1, 9], [45, 17, 0]), ([16, 33], [16, 64])],
+    ids=["prefill", "chunked-with-prefix", "block-aligned"],
+)
+def test_prefill_sliding_window_matches_reference(
+    q_lens: list[int], prefixes: list[int], window: int, block_size: int, dtype: torch.dtype
+) -> None:
+    seed = sum(q_lens) + window
+    out, ref = run_prefill(q_lens, prefixes, block_size, (8, 2), 32, dtype, seed=seed, window=window)
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+def test_prefill_sliding_window_across_query_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels.attention_torch, "PREFILL_TILE_BYTES", 1)  # 16-query tiles
+    out, ref = run_prefill([50, 23], [0, 30], 16, (8, 2), 64, torch.float32, seed=9, window=19)
+    assert rel_err(out, ref) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_sliding_window_sees_keys_less_than_window_positions_back(phase: str) -> None:
+    # transformers' Mistral mask keeps key j for query i when i - j < window (`kv_idx > q_idx - window`).
+    # With q = 0 the softmax is uniform, and V[j] = j makes the output the mean of the positions seen.
+    ctx, window = 10, 4
+    kc = torch.randn(2, 8, 1, 16)
+    vc = torch.arange(16, dtype=torch.float32).view(2, 8, 1, 1).expand(2, 8, 1, 16).contiguous()
+    tables, lens = torch.tensor([[0, 1]]), torch.tensor([ctx])
+    if phase == "decode":
+        out = torch.empty(1, 1, 16)
+        paged_attention_decode(out, torch.zeros(1, 1, 16), kc, vc, tables, lens, 1.0, window)
+    else:
+        out, starts = torch.empty(ctx, 1, 16), torch.tensor([0, ctx])
+        paged_attention_prefill(out, torch.zeros_like(out), kc, vc, tables, starts, lens, 1.0, window)
+        assert out[:, 0, 0].tolist() == [0.0, 0.5, 1.0, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]
+    assert float(out[-1, 0, 0]) == (6 + 7 + 8 + 9) / 4
+
+
+def test_a_window_below_one_token_is_rejected() -> None:
+    q = torch.zeros(1, 1, 16)
+    cache = torch.zeros(1, 8, 1, 16)
+    with pytest.raises(ValueError, match="sliding_window must be None or >= 1"):
+        paged_attention_decode(q.clone(), q, cache, cache, torch.tensor([[0]]), torch.tensor([1]), 1.0, 0)
 
 
 def test_write_kv_stores_each_token_at_its_slot() -> None:

@@ -1,4 +1,5 @@
-"""The Triton paged-attention kernels against the float64 reference (GPU, or interpreted on CPU)."""
+"""The Triton paged-attention kernels against the float64 reference (GPU, or interpreted on CPU), with and
+without a sliding window."""
 
 from __future__ import annotations
 
@@ -112,6 +113,55 @@ def test_prefill_small_tiles_cover_several_query_and_key_tiles(device: str) -> N
     tiles = {"block_m": 16, "block_n": 16}
     paged_attention_prefill_triton(out, q.to(device), d.k, d.v, d.block_tables, starts, lens, 0.2, **tiles)
     assert rel_err(out.cpu(), prefill_reference(q, kv, q_lens, ctx, 0.2)) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("window", "num_splits"), [(1, None), (7, None), (20, 1), (20, 3), (64, 2)])
+def test_decode_sliding_window_matches_reference(
+    window: int, num_splits: int | None, dtype: torch.dtype, device: str
+) -> None:
+    from kernels.attention_triton import paged_attention_decode_triton
+
+    # Contexts shorter than, equal to and longer than the window; 3 splits of a 20-token window leave
+    # one empty.
+    ctx_lens = [1, window, 70, 33, 5]
+    kv, q = decode_inputs(ctx_lens, 16, (8, 2), 32, dtype, seed=window)
+    d = kv.on(device)
+    out = torch.full_like(q, float("nan"), device=device)
+    lens = torch.tensor(ctx_lens, device=device)
+    knobs = {"sliding_window": window, "block_n": 16, "num_splits": num_splits}
+    paged_attention_decode_triton(out, q.to(device), d.k, d.v, d.block_tables, lens, 0.2, **knobs)
+    ref = decode_reference(q, kv, ctx_lens, 0.2, window)
+    assert rel_err(out.cpu(), ref) < TOLERANCE[dtype]
+    assert rel_err(out.cpu(), decode_reference(q, kv, ctx_lens, 0.2)) > 10 * TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("window", [1, 5, 16, 37])
+def test_prefill_sliding_window_matches_reference(window: int, dtype: torch.dtype, device: str) -> None:
+    # 16-wide tiles: with a window of 1 or 5, rows see no key in their first key tile.
+    q_lens, ctx = [40, 3, 9], [40, 50, 30]
+    kv, q = prefill_inputs(q_lens, ctx, 8, (4, 2), 32, dtype)
+    d = kv.on(device)
+    out = torch.full_like(q, float("nan"), device=device)
+    starts, lens = query_start_loc(q_lens).to(device), torch.tensor(ctx, device=device)
+    args = (out, q.to(device), d.k, d.v, d.block_tables, starts, lens, 0.2)
+    paged_attention_prefill(*args, sliding_window=window)
+    ref = prefill_reference(q, kv, q_lens, ctx, 0.2, window)
+    assert rel_err(out.cpu(), ref) < TOLERANCE[dtype]
+
+
+def test_prefill_sliding_window_small_tiles(device: str) -> None:
+    from kernels.attention_triton import paged_attention_prefill_triton
+
+    q_lens, ctx = [40, 3], [40, 50]
+    kv, q = prefill_inputs(q_lens, ctx, 16, (4, 2), 24, torch.float32)
+    d = kv.on(device)
+    out = torch.full_like(q, float("nan"), device=device)
+    starts, lens = query_start_loc(q_lens).to(device), torch.tensor(ctx, device=device)
+    knobs = {"sliding_window": 3, "block_m": 16, "block_n": 16}
+    paged_attention_prefill_triton(out, q.to(device), d.k, d.v, d.block_tables, starts, lens, 0.2, **knobs)
+    assert rel_err(out.cpu(), prefill_reference(q, kv, q_lens, ctx, 0.2, 3)) < TOLERANCE[torch.float32]
 
 
 def test_tiles_below_the_gpu_dot_minimum_are_rejected(device: str) -> None:

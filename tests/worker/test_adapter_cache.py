@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.adapter_cache import AdapterCache
-from worker.config import load_model_config
+from worker.models import load_model_config
 from worker.modelzoo.make import ZooPaths
 
 

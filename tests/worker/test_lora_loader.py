@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from worker.config import load_model_config
 from worker.lora import AdapterError, load_adapter
+from worker.models import load_model_config
 from worker.modelzoo.make import ZooPaths
 
 

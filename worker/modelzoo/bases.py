@@ -106,7 +106,8 @@ def model_config(spec: BaseSpec, tokenizer: PreTrainedTokenizerBase) -> Pretrain
         pad_token_id=token_id(tokenizer, PAD),
     )
     if spec.family == "mistral":
-        # Full attention: no Mistral-style sliding window to emulate in the engine.
+        # Full attention here: a window would change the zoo's artefacts (see make.ZOO_VERSION). The
+        # engine's window tests write windowed copies of this config (tests/worker/test_engine_parity.py).
         common["sliding_window"] = None
     return _CONFIG_CLASSES[spec.family](**common)
 
