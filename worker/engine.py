@@ -20,6 +20,7 @@ from worker.batch import build_forward_batch
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig, ModelLoadError, load_model_config
 from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
+from worker.device import is_cuda
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
 from worker.model import LoRAContext, ModelRunner
@@ -60,6 +61,9 @@ class LLMEngine:
         self.model_dir = Path(model_dir)
         self.config = config = config or EngineConfig()
         self.model_config = cfg = load_model_config(self.model_dir)
+        if is_cuda(config.device) and torch.device(config.device).index is not None:
+            # Triton launches on the current device, torch allocates on the named one: make them agree.
+            torch.cuda.set_device(torch.device(config.device))
         tok_path = self.model_dir / "tokenizer.json"
         if not tok_path.exists():
             raise ModelLoadError(f"{self.model_dir}: no tokenizer.json (a fast tokenizer is required)")
@@ -106,7 +110,7 @@ class LLMEngine:
         generator = None
         if not p.greedy:
             seed = generator_seed(p.seed) if p.seed is not None else secrets.randbits(64)
-            generator = torch.Generator().manual_seed(seed)
+            generator = torch.Generator(device=self.config.device).manual_seed(seed)
         seq = Sequence.from_request(request)
         detok = DetokenizerState.start(request.prompt_token_ids, p.stop)
         if request.resume_token_ids:
