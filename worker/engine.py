@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from loragate.types import FinishReason, Request, RequestOutput
 from worker.adapter_cache import AdapterCache
-from worker.batch import build_forward_batch
+from worker.batch import ForwardBatch, build_forward_batch
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig, ModelLoadError, load_model_config
 from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
@@ -143,16 +143,7 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         self.stats.steps += 1
-        needed = {s.adapter for s, _ in sched.scheduled if s.adapter is not None}
-        slots = self.adapters.acquire(needed)
-        for seq, _ in sched.scheduled:
-            seq.lora_slot = slots[seq.adapter] if seq.adapter is not None else -1
-        batch, order, samplers = build_forward_batch(
-            sched.scheduled, self.config.block_size, self.config.device
-        )
-        lora = None
-        if batch.lora is not None:
-            lora = LoRAContext(self.adapters.stacks, self.adapters.active_modules(batch.lora.active_slots))
+        batch, order, samplers, lora = self._prepare(sched.scheduled)
         logits = self.runner.forward(batch, lora)
         tracked = [self.requests[s.request_id] for s in samplers]
         tokens = self.sampler.sample(
@@ -189,6 +180,19 @@ class LLMEngine:
         return [done[r.request_id] for r in requests]
 
     # -- internals ------------------------------------------------------------------------------
+    def _prepare(
+        self, scheduled: list[tuple[Sequence, int]]
+    ) -> tuple[ForwardBatch, list[tuple[Sequence, int]], list[Sequence], LoRAContext | None]:
+        """The step's adapters made resident and its batch laid out on the device."""
+        slots = self.adapters.acquire({s.adapter for s, _ in scheduled if s.adapter is not None})
+        for seq, _ in scheduled:
+            seq.lora_slot = slots[seq.adapter] if seq.adapter is not None else -1
+        batch, order, samplers = build_forward_batch(scheduled, self.config.block_size, self.config.device)
+        lora = None
+        if batch.lora is not None:
+            lora = LoRAContext(self.adapters.stacks, self.adapters.active_modules(batch.lora.active_slots))
+        return batch, order, samplers, lora
+
     def _validate(self, request: Request) -> None:
         rid, ids = request.request_id, request.prompt_token_ids
         if rid in self.requests:

@@ -54,6 +54,15 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> list[int]:
         """logits: [N, V] float; one params / generator per row. Returns one token id per row."""
+        return [int(t) for t in self.select(logits, params, generators).tolist()]
+
+    def select(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        """`sample` without reading the result: `[N]` int64 token ids on the logits' device."""
         logits = logits.float()
         tokens = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -68,4 +77,4 @@ class Sampler:
             for j, i in enumerate(rows):  # one generator per request: queues a kernel, never waits
                 noise[j].exponential_(generator=generators[i])
             tokens.index_copy_(0, index, (probs / noise).argmax(dim=-1))
-        return [int(t) for t in tokens.tolist()]
+        return tokens
