@@ -1,10 +1,10 @@
 """The engine follows `EngineConfig.device` and `.dtype` everywhere: state, step inputs, kernel arguments,
-sampling; and it runs in bfloat16 on the CPU, close to float32.
+sampling; and it runs in bfloat16 and float16 on the CPU, close to float32.
 
 Placement is proven on the `meta` device, which has no data: any op that mixes a meta tensor with a CPU
 one fails exactly as it would with a CUDA one, so a step that runs on meta leaves nothing on the host.
 The kernels themselves cannot run on meta (the torch paths read segment bounds on the host, Triton needs
-memory); in that test they are replaced by stand-ins that record their tensors' devices and dtypes. The
+memory); in that test they are replaced by stand-ins that record their tensors' devices. The
 kernels are proven on their own by tests/kernels and, inside the engine, by
 test_engine_triton_interpreter.py.
 """
@@ -103,35 +103,34 @@ def test_a_step_on_the_meta_device_leaves_nothing_on_the_host(
     assert set(placed.values()) == {"meta"}, [n for n, d in placed.items() if d != "meta"]
 
 
-def test_bfloat16_on_cpu_runs_and_stays_close_to_float32(zoo: ZooPaths) -> None:
-    engines = {dtype: engine_on(zoo, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)}
-    bf16 = engines[torch.bfloat16]
-    assert {t.dtype for n, t in state_tensors(bf16).items() if not n.endswith(("ranks", "scale"))} == {
-        torch.bfloat16
-    }
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_16_bit_on_cpu_runs_and_stays_close_to_float32(zoo: ZooPaths, dtype: torch.dtype) -> None:
+    engines = {d: engine_on(zoo, dtype=d) for d in (torch.float32, dtype)}
+    low = engines[dtype]
+    # Adapter ranks and scales keep their own types; weights, KV cache and adapter slots follow the engine.
+    kept = ("ranks", "scale")
+    assert {t.dtype for n, t in state_tensors(low).items() if not n.endswith(kept)} == {dtype}
     # One prefill step of five mixed-adapter prompts in each dtype: next-token logits agree closely.
     logits = {}
-    for dtype, engine in engines.items():
+    for d, engine in engines.items():
         for r in requests(5):
             engine.add_request(r)
-        scheduled = engine.scheduler.schedule().scheduled
-        batch, _, samplers, lora = engine._prepare(scheduled)
+        batch, _, samplers, lora = engine._prepare(engine.scheduler.schedule().scheduled)
         assert len(samplers) == 5
-        logits[dtype] = engine.runner.forward(batch, lora).float()
+        logits[d] = engine.runner.forward(batch, lora).float()
         for r in requests(5):
             engine.abort(r.request_id)
         engine.step()
-    ref, low = logits[torch.float32], logits[torch.bfloat16]
-    assert low.dtype == torch.float32 and torch.isfinite(low).all()
-    cosine = torch.nn.functional.cosine_similarity(ref, low, dim=-1)
+    assert torch.isfinite(logits[dtype]).all()
+    cosine = torch.nn.functional.cosine_similarity(logits[torch.float32], logits[dtype], dim=-1)
     assert cosine.min() > 0.99, cosine
-    assert (ref.argmax(-1) == low.argmax(-1)).sum() >= 4
-    # And whole requests run to the end in bf16, greedy and seeded sampling alike.
-    greedy = bf16.generate(requests(4, max_tokens=12))
-    sampled = bf16.generate(
+    assert (logits[torch.float32].argmax(-1) == logits[dtype].argmax(-1)).sum() >= 4
+    # And whole requests run to the end, greedy and seeded sampling alike.
+    greedy = low.generate(requests(4, max_tokens=12))
+    sampled = low.generate(
         requests(4, max_tokens=12, prefix="s", temperature=0.8, top_k=20, top_p=0.9, seed=3)
     )
     assert all(len(c.token_ids) == 12 for c in (*greedy, *sampled))
-    state = engine_state(bf16, "w1", "tiny", set(), False, 0.0)
-    assert (state.device, state.dtype) == ("cpu", "bfloat16")
+    state = engine_state(low, "w1", "tiny", set(), False, 0.0)
+    assert (state.device, state.dtype) == ("cpu", str(dtype).removeprefix("torch."))
     assert WorkerState.from_json(state.to_json()) == state
