@@ -32,12 +32,19 @@ class LoRABatchMeta:
         return frozenset(slot for _, _, slot in self.segments)
 
     @staticmethod
-    def from_token_slots(token_slots: list[int], device: torch.device | str = "cpu") -> LoRABatchMeta:
-        """Maximal runs of equal consecutive slots become segments."""
+    def runs(token_slots: list[int]) -> tuple[list[int], list[int], tuple[tuple[int, int, int], ...]]:
+        """`(seg_indptr, slot_ids, segments)` on the host: maximal runs of equal consecutive slots become
+        segments. For callers that move the two lists to the device themselves."""
         starts = [i for i, s in enumerate(token_slots) if i == 0 or s != token_slots[i - 1]]
         bounds = [*starts, len(token_slots)]
         slots = [token_slots[i] for i in starts]
         segments = tuple((bounds[i], bounds[i + 1], slot) for i, slot in enumerate(slots) if slot >= 0)
+        return bounds, slots, segments
+
+    @staticmethod
+    def from_token_slots(token_slots: list[int], device: torch.device | str = "cpu") -> LoRABatchMeta:
+        """Maximal runs of equal consecutive slots become segments."""
+        bounds, slots, segments = LoRABatchMeta.runs(token_slots)
         return LoRABatchMeta(
             seg_indptr=torch.tensor(bounds, dtype=torch.int64, device=device),
             slot_ids=torch.tensor(slots, dtype=torch.int64, device=device),

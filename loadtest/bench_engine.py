@@ -10,6 +10,10 @@ longest member, and the extra tokens are not counted. `tokens_match` checks the 
 against a per-request HF+peft reference on a sample. The last line printed is one JSON object.
 
     python -m loadtest.bench_engine [--model tiny|small] [--requests 128] [--hf-batch-size 32]
+        [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
+
+Both sides run on the same device and dtype, which the JSON records. In 16-bit the two accumulate in
+different orders, so `tokens_match` may be false there without either being wrong.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from loadtest.hf_reference import HFReference
 from loadtest.workload import WorkloadSpec, make_workload
 from loragate.types import Request
 from worker.config import EngineConfig
+from worker.device import add_device_args, device_args, dtype_name
 from worker.engine import LLMEngine
 from worker.modelzoo.make import ensure_zoo
 
@@ -64,8 +69,8 @@ def run_hf_peft(ref: HFReference, requests: list[Request], batch_size: int, pad_
             new = max(r.params.max_tokens for r in batch)
             with torch.inference_mode():
                 model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
+                    input_ids=ids.to(ref.device),
+                    attention_mask=mask.to(ref.device),
                     adapter_names=[r.adapter or "__base__" for r in batch],
                     max_new_tokens=new,
                     min_new_tokens=new,
@@ -89,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check-sample", type=int, default=6, help="requests compared with HF+peft")
     parser.add_argument("--max-loras", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true", help="loragate only (hf figures are null)")
+    add_device_args(parser)
     args = parser.parse_args(argv)
+    device, dtype = device_args(parser, args)
 
     zoo = ensure_zoo()
     model_dir = zoo.base(args.model)
@@ -101,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for i in range(args.adapters)
     }
-    config = EngineConfig(adapters=adapters, max_loras=args.max_loras)
+    config = EngineConfig(adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype)
     engine = LLMEngine(model_dir, config)
     spec = WorkloadSpec(num_requests=args.requests)
     requests = make_workload(spec, engine.model_config.vocab_size, list(adapters))
@@ -118,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_tok_s, _ = run_loragate(base_engine, base_requests, "loragate (base only)")
 
     hf_tok_s = None
-    ref = HFReference(model_dir, adapters)
+    ref = HFReference(model_dir, adapters, dtype=dtype, device=device)
     if not args.skip_hf:
         hf_tok_s = run_hf_peft(ref, requests, args.hf_batch_size, pad_id=0)
     sample = requests[:: max(1, len(requests) // args.check_sample)][: args.check_sample]
@@ -130,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     result = {
         "model": args.model,
+        "device": device,
+        "dtype": dtype_name(dtype),
         "requests": len(requests),
         "output_tokens": sum(r.params.max_tokens for r in requests),
         "adapters": len(adapters),

@@ -2,7 +2,8 @@
 
 Used by the engine's parity tests and by `bench_engine`'s `tokens_match`. The base model is loaded once,
 every adapter is attached to one `PeftModel` and selected per request (`disable_adapter()` for base
-requests), and decoding is a plain KV-cached argmax loop, with no EOS handling, in float32.
+requests), and decoding is a plain KV-cached argmax loop, with no EOS handling, in float32 on the CPU
+unless told otherwise (`bench_engine` runs it on the engine's device and dtype).
 """
 
 from __future__ import annotations
@@ -16,9 +17,17 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 
 class HFReference:
-    def __init__(self, model_dir: Path, adapters: Mapping[str, Path], dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        model_dir: Path,
+        adapters: Mapping[str, Path],
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ):
         base: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        base.to(device)
         base.eval()
+        self.device = device
         self.model: PreTrainedModel | PeftModel = base
         names = list(adapters)
         if names:
@@ -39,12 +48,12 @@ class HFReference:
 
     def _loop(self, prompt: list[int], max_tokens: int) -> list[int]:
         out: list[int] = []
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=self.device)
         past = None
         for _ in range(max_tokens):
             res = self.model(input_ids=ids, past_key_values=past, use_cache=True)
             past = res.past_key_values
             token = int(res.logits[0, -1].argmax())
             out.append(token)
-            ids = torch.tensor([[token]])
+            ids = torch.tensor([[token]], device=self.device)
         return out

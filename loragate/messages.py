@@ -124,6 +124,8 @@ class WorkerState:
     draining: bool = False
     decode_tok_s: float = 0.0
     prefill_tok_s: float = 0.0
+    device: str = ""  # where its engine runs (cpu, cuda, cuda:N); empty from workers that do not say
+    dtype: str = ""  # its engine's precision (float32, bfloat16, float16)
     updated_at: float = field(default_factory=time.time)
 
     def to_json(self) -> str:

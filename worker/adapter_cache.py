@@ -4,18 +4,22 @@ The cache *decides* and the caller *acts*: `plan(needed)` says which resident ad
 to load into which slot (evictions first, least recently used, never one that is needed this step);
 `apply(plan)` copies host weights into the stacked slot buffers that the SGMV kernels read. Host misses
 read the adapter from disk (`worker.lora.load_adapter`), which also validates it against the base model.
+The host tier stays in host memory (pinned on CUDA, so slot writes are asynchronous copies); the slot
+buffers, ranks and scales live on the engine's device, with the ranks mirrored on the host so choosing
+a step's active modules never reads the device.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from worker.config import ModelConfig
+from worker.device import is_cuda
 from worker.lora import AdapterError, LoRAWeights, load_adapter
 
 
@@ -55,11 +59,12 @@ class AdapterCache:
             module: LoRAStack(
                 a=torch.zeros(cfg.num_layers, num_slots, max_rank, fan_in, dtype=dtype, device=device),
                 b=torch.zeros(cfg.num_layers, num_slots, fan_out, max_rank, dtype=dtype, device=device),
-                ranks=torch.zeros(num_slots, dtype=torch.int64),
-                scale=torch.zeros(num_slots, dtype=torch.float32),
+                ranks=torch.zeros(num_slots, dtype=torch.int64, device=device),
+                scale=torch.zeros(num_slots, dtype=torch.float32, device=device),
             )
             for module, (fan_in, fan_out) in cfg.module_shapes().items()
         }
+        self.host_ranks = {module: [0] * num_slots for module in self.stacks}  # stack.ranks, host copy
         self.tier_events: list[tuple[str, str]] = []  # (adapter, new tier) since the last drain
         self.disk_reads = 0  # host-tier misses: adapter read from disk
         self.device_loads = 0  # slot writes: adapter copied from host into a device slot
@@ -91,6 +96,8 @@ class AdapterCache:
         weights = load_adapter(name, self.paths[name], self.cfg, self.dtype)
         if weights.rank > self.max_rank:
             raise AdapterError(f"adapter {name!r} has rank {weights.rank} > max_lora_rank {self.max_rank}")
+        if is_cuda(self.device):
+            weights = pinned(weights)
         self.disk_reads += 1
         self.host[name] = weights
         self.tier_events.append((name, "host"))
@@ -125,8 +132,9 @@ class AdapterCache:
             del self.device_lru[name]
             self.device_evictions += 1
             self.tier_events.append((name, "host" if name in self.host else "disk"))
-            for stack in self.stacks.values():
+            for module, stack in self.stacks.items():
                 stack.ranks[slot] = 0
+                self.host_ranks[module][slot] = 0
         for name, slot in plan.load:
             self.device_loads += 1
             self._write_slot(self.ensure_host(name), slot)
@@ -143,18 +151,26 @@ class AdapterCache:
 
     def active_modules(self, slots: Iterable[int]) -> frozenset[str]:
         slot_list = list(slots)
-        return frozenset(m for m, st in self.stacks.items() if any(int(st.ranks[s]) > 0 for s in slot_list))
+        return frozenset(m for m, ranks in self.host_ranks.items() if any(ranks[s] > 0 for s in slot_list))
 
     def _write_slot(self, weights: LoRAWeights, slot: int) -> None:
         for module, stack in self.stacks.items():
             stack.a[:, slot].zero_()
             stack.b[:, slot].zero_()
             lora = weights.modules.get(module)
-            if lora is None:
-                stack.ranks[slot] = 0
-                continue
-            r = lora.rank
-            stack.a[:, slot, :r] = lora.a.to(self.device)
-            stack.b[:, slot, :, :r] = lora.b.to(self.device)
+            r = lora.rank if lora is not None else 0
+            self.host_ranks[module][slot] = r
             stack.ranks[slot] = r
+            if lora is None:
+                continue
+            stack.a[:, slot, :r].copy_(lora.a, non_blocking=True)
+            stack.b[:, slot, :, :r].copy_(lora.b, non_blocking=True)
             stack.scale[slot] = lora.scale
+
+
+def pinned(weights: LoRAWeights) -> LoRAWeights:
+    """`weights` in page-locked host memory, which a CUDA copy can read without staging it first."""
+    modules = {
+        m: replace(lora, a=lora.a.pin_memory(), b=lora.b.pin_memory()) for m, lora in weights.modules.items()
+    }
+    return replace(weights, modules=modules)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import LoRABatchMeta
+from worker.device import host_to_device
 from worker.sequence import Sequence
 
 
@@ -45,10 +46,20 @@ class ForwardBatch:
         return int(self.input_ids.shape[0])
 
 
-def pad_block_tables(tables: list[list[int]], device: str) -> torch.Tensor:
+def pad_block_tables(tables: list[list[int]]) -> tuple[list[int], int]:
+    """The tables as one row-major list padded with block 0, and its width."""
     width = max((len(t) for t in tables), default=0)
-    rows = [t + [0] * (width - len(t)) for t in tables]
-    return torch.tensor(rows, dtype=torch.int64, device=device).reshape(len(tables), width)
+    return [b for t in tables for b in (*t, *[0] * (width - len(t)))], width
+
+
+def pack_int64(parts: list[list[int]], device: str) -> list[torch.Tensor]:
+    """The lists as int64 tensors on `device`, moved in one host-to-device copy and sliced there. Each
+    slice starts 16-byte aligned (Triton specialises kernels on pointer alignment: one variant, not many).
+    """
+    padded = [v for part in parts for v in (*part, *[0] * (len(part) % 2))]
+    flat = host_to_device(padded, torch.int64, device)
+    chunks = flat.split([len(part) + len(part) % 2 for part in parts])
+    return [chunk[: len(part)] for chunk, part in zip(chunks, parts, strict=True)]
 
 
 def build_forward_batch(
@@ -78,22 +89,37 @@ def build_forward_batch(
     query_starts = [0]
     for _, n in prefill:
         query_starts.append(query_starts[-1] + n)
-
-    def longs(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=device)
-
+    decode_tables, decode_width = pad_block_tables([s.block_table for s, _ in decode])
+    prefill_tables, prefill_width = pad_block_tables([s.block_table for s, _ in prefill])
+    has_lora = any(s >= 0 for s in token_lora)
+    seg_indptr, seg_slots, segments = LoRABatchMeta.runs(token_lora) if has_lora else ([], [], ())
+    parts = [
+        ids,
+        positions,
+        slots,
+        decode_tables,
+        [s.num_computed_tokens + 1 for s, _ in decode],
+        prefill_tables,
+        query_starts,
+        [s.num_computed_tokens + n for s, n in prefill],
+        logits_rows,
+        seg_indptr,
+        seg_slots,
+        token_lora if has_lora else [],
+    ]
+    t = pack_int64(parts, device)
     batch = ForwardBatch(
-        input_ids=longs(ids),
-        positions=longs(positions),
-        slot_mapping=longs(slots),
+        input_ids=t[0],
+        positions=t[1],
+        slot_mapping=t[2],
         num_decode=len(decode),
-        decode_block_tables=pad_block_tables([s.block_table for s, _ in decode], device),
-        decode_context_lens=longs([s.num_computed_tokens + 1 for s, _ in decode]),
+        decode_block_tables=t[3].view(len(decode), decode_width),
+        decode_context_lens=t[4],
         num_prefill_seqs=len(prefill),
-        prefill_block_tables=pad_block_tables([s.block_table for s, _ in prefill], device),
-        prefill_query_start_loc=longs(query_starts),
-        prefill_context_lens=longs([s.num_computed_tokens + n for s, n in prefill]),
-        logits_indices=longs(logits_rows),
-        lora=LoRABatchMeta.from_token_slots(token_lora, device) if any(s >= 0 for s in token_lora) else None,
+        prefill_block_tables=t[5].view(len(prefill), prefill_width),
+        prefill_query_start_loc=t[6],
+        prefill_context_lens=t[7],
+        logits_indices=t[8],
+        lora=LoRABatchMeta(t[9], t[10], t[11], segments) if has_lora else None,
     )
     return batch, [*decode, *prefill], samplers

@@ -79,7 +79,8 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Engine knobs. `num_kv_blocks=None` sizes the KV pool from `kv_cache_bytes`."""
+    """Engine knobs. `num_kv_blocks=None` sizes the KV pool from `kv_cache_bytes`. `device` and `dtype` are
+    resolved values (`worker.device` turns the `--device` / `--dtype` specs into them)."""
 
     dtype: torch.dtype = torch.float32
     device: str = "cpu"

@@ -16,10 +16,11 @@ from tokenizers import Tokenizer
 
 from loragate.types import FinishReason, Request, RequestOutput
 from worker.adapter_cache import AdapterCache
-from worker.batch import build_forward_batch
+from worker.batch import ForwardBatch, build_forward_batch
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig, ModelLoadError
 from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
+from worker.device import is_cuda
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
 from worker.model import LoRAContext, ModelRunner
@@ -61,6 +62,9 @@ class LLMEngine:
         self.model_dir = Path(model_dir)
         self.config = config = config or EngineConfig()
         self.model_config = cfg = load_model_config(self.model_dir)
+        if is_cuda(config.device) and torch.device(config.device).index is not None:
+            # Triton launches on the current device, torch allocates on the named one: make them agree.
+            torch.cuda.set_device(torch.device(config.device))
         tok_path = self.model_dir / "tokenizer.json"
         if not tok_path.exists():
             raise ModelLoadError(f"{self.model_dir}: no tokenizer.json (a fast tokenizer is required)")
@@ -107,7 +111,7 @@ class LLMEngine:
         generator = None
         if not p.greedy:
             seed = generator_seed(p.seed) if p.seed is not None else secrets.randbits(64)
-            generator = torch.Generator().manual_seed(seed)
+            generator = torch.Generator(device=self.config.device).manual_seed(seed)
         seq = Sequence.from_request(request)
         detok = DetokenizerState.start(request.prompt_token_ids, p.stop)
         if request.resume_token_ids:
@@ -140,16 +144,7 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         self.stats.steps += 1
-        needed = {s.adapter for s, _ in sched.scheduled if s.adapter is not None}
-        slots = self.adapters.acquire(needed)
-        for seq, _ in sched.scheduled:
-            seq.lora_slot = slots[seq.adapter] if seq.adapter is not None else -1
-        batch, order, samplers = build_forward_batch(
-            sched.scheduled, self.config.block_size, self.config.device
-        )
-        lora = None
-        if batch.lora is not None:
-            lora = LoRAContext(self.adapters.stacks, self.adapters.active_modules(batch.lora.active_slots))
+        batch, order, samplers, lora = self._prepare(sched.scheduled)
         logits = self.runner.forward(batch, lora)
         tracked = [self.requests[s.request_id] for s in samplers]
         tokens = self.sampler.sample(
@@ -186,6 +181,19 @@ class LLMEngine:
         return [done[r.request_id] for r in requests]
 
     # -- internals ------------------------------------------------------------------------------
+    def _prepare(
+        self, scheduled: list[tuple[Sequence, int]]
+    ) -> tuple[ForwardBatch, list[tuple[Sequence, int]], list[Sequence], LoRAContext | None]:
+        """The step's adapters made resident and its batch laid out on the device."""
+        slots = self.adapters.acquire({s.adapter for s, _ in scheduled if s.adapter is not None})
+        for seq, _ in scheduled:
+            seq.lora_slot = slots[seq.adapter] if seq.adapter is not None else -1
+        batch, order, samplers = build_forward_batch(scheduled, self.config.block_size, self.config.device)
+        lora = None
+        if batch.lora is not None:
+            lora = LoRAContext(self.adapters.stacks, self.adapters.active_modules(batch.lora.active_slots))
+        return batch, order, samplers, lora
+
     def _validate(self, request: Request) -> None:
         rid, ids = request.request_id, request.prompt_token_ids
         if rid in self.requests:

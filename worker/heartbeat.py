@@ -23,6 +23,7 @@ import redis
 from loragate import keys
 from loragate.messages import WorkerState
 from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog
+from worker.device import dtype_name
 from worker.engine import LLMEngine
 
 log = logging.getLogger("loragate.worker")
@@ -153,4 +154,6 @@ def engine_state(
         max_adapters=engine.config.max_loras,
         draining=draining,
         decode_tok_s=round(decode_tok_s, 1),
+        device=engine.config.device,
+        dtype=dtype_name(engine.config.dtype),
     )

@@ -17,6 +17,7 @@ from loragate.proc import exit_on_stop_signal, install_stop_handler
 from loragate.redis_url import connect_sync
 from loragate.tracing import make_provider
 from worker.config import EngineConfig
+from worker.device import add_device_args, device_args, dtype_name
 from worker.engine import LLMEngine
 from worker.heartbeat import Heartbeat
 from worker.metrics import serve_metrics
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--kv-cache-mb", type=int, default=512)
+    add_device_args(p)
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics port")
     return p
@@ -43,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     exit_on_stop_signal()  # until the service runs there is nothing to drain: stop at once
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    device, dtype = device_args(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model_dir = Path(args.model)
     name = args.model_name or model_dir.name
@@ -56,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_bytes=args.kv_cache_mb * 1024**2,
+            device=device,
+            dtype=dtype,
         ),
     )
     registry = AdapterRegistry(r, name)
@@ -78,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         service.drain()
 
     install_stop_handler(on_term)  # SIGTERM, SIGINT (even if inherited as ignored) and SIGHUP all drain
-    logging.getLogger("loragate.worker").info("worker %s serving %s from %s", worker_id, name, model_dir)
+    logging.getLogger("loragate.worker").info(
+        "worker %s serving %s from %s on %s (%s)", worker_id, name, model_dir, device, dtype_name(dtype)
+    )
     service.run()
     if provider is not None:
         provider.shutdown()  # flush batched spans before exiting

@@ -1,8 +1,10 @@
 """Token selection for one step: greedy rows by argmax, the rest by temperature / top-k / top-p sampling.
 
-Each seeded request draws from its own `torch.Generator`, so the same seed gives the same tokens whatever
-else shares the batch. Sampling uses the exponential race (`argmax(p / E)`, `E ~ Exp(1)`), which is
-exactly a draw from `p` and needs one random vector per row.
+Each seeded request draws from its own `torch.Generator` on the logits' device, so the same seed gives the
+same tokens whatever else shares the batch (on a given device: CPU and CUDA generators are different
+algorithms). Sampling uses the exponential race (`argmax(p / E)`, `E ~ Exp(1)`), which is exactly a draw
+from `p` and needs one random vector per row. The step's per-row parameters reach the device by
+non-blocking copies and the sampled ids come back in one `.tolist()`: the step's only wait for the device.
 
 A request's `seed` may be any signed or unsigned 64-bit integer (clients send either). It reaches the
 generator through a hash (`generator_seed`), never directly: torch folds negative seeds onto unsigned ones
@@ -18,6 +20,7 @@ import hashlib
 import torch
 
 from loragate.types import SamplingParams
+from worker.device import host_to_device
 
 
 def generator_seed(seed: int) -> int:
@@ -29,11 +32,11 @@ def generator_seed(seed: int) -> int:
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
     vocab = logits.shape[-1]
     if any(0 < k < vocab for k in top_k):
-        k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=logits.device)
+        k = host_to_device([k if 0 < k < vocab else vocab for k in top_k], torch.int64, str(logits.device))
         kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if any(p < 1.0 for p in top_p):
-        p = torch.tensor(top_p, device=logits.device, dtype=logits.dtype)[:, None]
+        p = host_to_device(top_p, logits.dtype, str(logits.device))[:, None]
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # Drop a token when the mass before it already reaches p (the top token always stays).
@@ -51,14 +54,27 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> list[int]:
         """logits: [N, V] float; one params / generator per row. Returns one token id per row."""
+        return [int(t) for t in self.select(logits, params, generators).tolist()]
+
+    def select(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        """`sample` without reading the result: `[N]` int64 token ids on the logits' device."""
         logits = logits.float()
         tokens = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
-            sub = logits[rows] / torch.tensor([params[i].temperature for i in rows])[:, None]
+            device = str(logits.device)
+            index = host_to_device(rows, torch.int64, device)
+            temperatures = host_to_device([params[i].temperature for i in rows], torch.float32, device)
+            sub = logits.index_select(0, index) / temperatures[:, None]
             sub = _filter_top_k_top_p(sub, [params[i].top_k for i in rows], [params[i].top_p for i in rows])
             probs = sub.softmax(dim=-1)
-            for j, i in enumerate(rows):
-                noise = torch.empty_like(probs[j]).exponential_(generator=generators[i])
-                tokens[i] = (probs[j] / noise).argmax()
-        return [int(t) for t in tokens.tolist()]
+            noise = torch.empty_like(probs)
+            for j, i in enumerate(rows):  # one generator per request: queues a kernel, never waits
+                noise[j].exponential_(generator=generators[i])
+            tokens.index_copy_(0, index, (probs / noise).argmax(dim=-1))
+        return tokens

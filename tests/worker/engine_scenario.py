@@ -1,0 +1,65 @@
+"""One small engine run whose tokens two kernel backends must agree on; `python -m` prints them as JSON.
+
+The run covers what the kernels see in serving: mixed adapters and base requests in one batch (SGMV
+segments, split-K shrink in decode), chunked prefill forced by a small token budget (prefill attending to
+an earlier chunk), a context longer than one decode tile (split-KV decode and its merge) and, in a second
+round, a prefix-cache hit (prefill over cached blocks). Greedy, EOS ignored, fp32.
+
+    TRITON_INTERPRET=1 LORAGATE_KERNEL_BACKEND=triton python -m tests.worker.engine_scenario ZOO_ROOT
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loragate.types import Request, SamplingParams
+from worker.config import EngineConfig
+from worker.engine import LLMEngine
+from worker.modelzoo.make import ZooPaths
+
+BASE = "tiny"
+ADAPTERS = ("qv-r8", "all-r64", "mlp-r32", "kv-r32")
+MAX_TOKENS = 4
+
+
+def _request(rid: str, prompt: list[int], adapter: str | None) -> Request:
+    return Request(rid, tuple(prompt), SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), adapter)
+
+
+def run_scenario(zoo: ZooPaths, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """`{"tokens": {request id: ids}, "cached": {request id: cached prompt tokens}}` of the run."""
+    engine = LLMEngine(
+        zoo.base(BASE),
+        EngineConfig(
+            dtype=dtype,
+            adapters={n: zoo.adapter(BASE, n) for n in ADAPTERS},
+            block_size=8,
+            num_kv_blocks=48,
+            max_num_batched_tokens=32,
+            max_loras=4,
+        ),
+    )
+    rng = random.Random(7)
+    prompts = [[rng.randrange(8, 8000) for _ in range(n)] for n in (9, 17, 23, 70)]
+    adapters: list[str | None] = [ADAPTERS[0], None, ADAPTERS[1], ADAPTERS[2]]
+    first = [_request(f"a{i}", p, a) for i, (p, a) in enumerate(zip(prompts, adapters, strict=True))]
+    # Shares the first two blocks of a2's prompt and its adapter: a prefix-cache hit.
+    again = _request("b0", prompts[2][:16] + [rng.randrange(8, 8000) for _ in range(5)], ADAPTERS[1])
+    other = _request("b1", [rng.randrange(8, 8000) for _ in range(12)], ADAPTERS[3])
+    results = [*engine.generate(first), *engine.generate([again, other])]
+    triton = sorted(m for m in sys.modules if m.startswith("kernels.") and m.endswith("_triton"))
+    return {
+        "tokens": {r.request_id: r.token_ids for r in results},
+        "cached": {r.request_id: r.cached_tokens for r in results},
+        "triton_modules": triton,  # the Triton kernel modules that have been dispatched to
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_scenario(ZooPaths(Path(sys.argv[1])))))

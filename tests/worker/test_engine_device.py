@@ -1,0 +1,136 @@
+"""The engine follows `EngineConfig.device` and `.dtype` everywhere: state, step inputs, kernel arguments,
+sampling; and it runs in bfloat16 and float16 on the CPU, close to float32.
+
+Placement is proven on the `meta` device, which has no data: any op that mixes a meta tensor with a CPU
+one fails exactly as it would with a CUDA one, so a step that runs on meta leaves nothing on the host.
+The kernels themselves cannot run on meta (the torch paths read segment bounds on the host, Triton needs
+memory); in that test they are replaced by stand-ins that record their tensors' devices. The
+kernels are proven on their own by tests/kernels and, inside the engine, by
+test_engine_triton_interpreter.py.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import worker.model
+from loragate.messages import WorkerState
+from loragate.types import Request, SamplingParams
+from worker.config import EngineConfig
+from worker.engine import LLMEngine
+from worker.heartbeat import engine_state
+from worker.modelzoo.make import ZooPaths
+
+KERNELS = ("write_kv", "paged_attention_decode", "paged_attention_prefill", "sgmv_shrink", "sgmv_expand")
+ADAPTERS = ("qv-r8", "all-r64", "mlp-r32")
+SAMPLED = SamplingParams(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=3, ignore_eos=True)
+
+
+def engine_on(zoo: ZooPaths, **config: Any) -> LLMEngine:
+    adapters = {n: zoo.adapter("tiny", n) for n in ADAPTERS}
+    return LLMEngine(zoo.base("tiny"), EngineConfig(adapters=adapters, num_kv_blocks=32, **config))
+
+
+def requests(n: int, max_tokens: int = 8, prefix: str = "r", **params: Any) -> list[Request]:
+    rng = random.Random(5)
+    adapters: list[str | None] = [None, *ADAPTERS]
+    return [
+        Request(
+            f"{prefix}{i}",
+            tuple(rng.randrange(8, 8000) for _ in range(6 + 5 * i)),
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params),
+            adapters[i % len(adapters)],
+        )
+        for i in range(n)
+    ]
+
+
+def state_tensors(engine: LLMEngine) -> dict[str, torch.Tensor]:
+    w = engine.runner.w
+    out = {"embed": w.embed, "norm": w.norm, "lm_head": w.lm_head, "k": engine.kv.k, "v": engine.kv.v}
+    out |= {"rope.cos": engine.runner.rope.cos, "rope.sin": engine.runner.rope.sin}
+    for i, layer in enumerate(w.layers):
+        for name in layer.__slots__:
+            t = getattr(layer, name)
+            if t is not None:
+                out[f"layers.{i}.{name}"] = t
+    for module, stack in engine.adapters.stacks.items():
+        out |= {f"{module}.{k}": getattr(stack, k) for k in ("a", "b", "ranks", "scale")}
+    return out
+
+
+def recording(calls: list[tuple[str, set[str]]], name: str) -> Callable[..., None]:
+    def kernel(*args: Any) -> None:
+        calls.append((name, {str(a.device) for a in args if isinstance(a, torch.Tensor)}))
+
+    return kernel
+
+
+def test_a_step_on_the_meta_device_leaves_nothing_on_the_host(
+    zoo: ZooPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_on(zoo, device="meta", max_num_batched_tokens=24)
+    calls: list[tuple[str, set[str]]] = []
+    for name in KERNELS:
+        monkeypatch.setattr(worker.model, name, recording(calls, name))
+    for r in requests(4):
+        engine.add_request(r)  # greedy: a sampled request's generator needs a real device
+    for step in range(3):  # chunked prefill (budget 24 of 50 prompt tokens), then decode mixed in
+        scheduled = engine.scheduler.schedule().scheduled
+        batch, order, samplers, lora = engine._prepare(scheduled)
+        assert lora is not None and lora.active_modules
+        batch_tensors = [v for v in vars(batch).values() if isinstance(v, torch.Tensor)]
+        batch_tensors += [batch.lora.seg_indptr, batch.lora.slot_ids, batch.lora.token_slots]  # type: ignore[union-attr]
+        assert {t.device.type for t in batch_tensors} == {"meta"}, step
+        logits = engine.runner.forward(batch, lora)
+        # Sampled rows (top-k, top-p) next to greedy ones; no generator, as meta cannot have one.
+        params = [SAMPLED if i % 2 else s.request.params for i, s in enumerate(samplers)]
+        tokens = engine.sampler.select(logits, params, [None] * len(samplers))
+        assert logits.device.type == tokens.device.type == "meta"
+        for seq, n in order:  # what `step` does with the results, a token id standing in for the sample
+            seq.num_computed_tokens += n
+            engine.blocks.commit(seq)
+        for seq in samplers:
+            seq.token_ids.append(1)
+    assert {name for name, _ in calls} == set(KERNELS)
+    assert all(devices == {"meta"} for _, devices in calls), calls
+    placed = {name: t.device.type for name, t in state_tensors(engine).items()}
+    assert set(placed.values()) == {"meta"}, [n for n, d in placed.items() if d != "meta"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_16_bit_on_cpu_runs_and_stays_close_to_float32(zoo: ZooPaths, dtype: torch.dtype) -> None:
+    engines = {d: engine_on(zoo, dtype=d) for d in (torch.float32, dtype)}
+    low = engines[dtype]
+    # Adapter ranks and scales keep their own types; weights, KV cache and adapter slots follow the engine.
+    kept = ("ranks", "scale")
+    assert {t.dtype for n, t in state_tensors(low).items() if not n.endswith(kept)} == {dtype}
+    # One prefill step of five mixed-adapter prompts in each dtype: next-token logits agree closely.
+    logits = {}
+    for d, engine in engines.items():
+        for r in requests(5):
+            engine.add_request(r)
+        batch, _, samplers, lora = engine._prepare(engine.scheduler.schedule().scheduled)
+        assert len(samplers) == 5
+        logits[d] = engine.runner.forward(batch, lora).float()
+        for r in requests(5):
+            engine.abort(r.request_id)
+        engine.step()
+    assert torch.isfinite(logits[dtype]).all()
+    cosine = torch.nn.functional.cosine_similarity(logits[torch.float32], logits[dtype], dim=-1)
+    assert cosine.min() > 0.99, cosine
+    assert (logits[torch.float32].argmax(-1) == logits[dtype].argmax(-1)).sum() >= 4
+    # And whole requests run to the end, greedy and seeded sampling alike.
+    greedy = low.generate(requests(4, max_tokens=12))
+    sampled = low.generate(
+        requests(4, max_tokens=12, prefix="s", temperature=0.8, top_k=20, top_p=0.9, seed=3)
+    )
+    assert all(len(c.token_ids) == 12 for c in (*greedy, *sampled))
+    state = engine_state(low, "w1", "tiny", set(), False, 0.0)
+    assert (state.device, state.dtype) == ("cpu", str(dtype).removeprefix("torch."))
+    assert WorkerState.from_json(state.to_json()) == state

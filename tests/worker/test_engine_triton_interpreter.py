@@ -1,0 +1,57 @@
+"""The whole engine on the Triton kernels gives the same tokens as on the torch kernels: the GPU path,
+proven on a CPU through the Triton interpreter.
+
+`TRITON_INTERPRET=1` only takes effect if it is set before triton is first imported, which has happened
+in any pytest process (see tests/kernels/conftest.py), so the Triton side runs `tests.worker.engine_scenario`
+in a child process with the interpreter on and `LORAGATE_KERNEL_BACKEND=triton`, and prints its tokens as
+JSON; the torch side runs the same scenario here, meanwhile. The child takes ~35 s of CPU time (imports
+included; SGMV programs are two thirds of the interpretation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton  # noqa: F401  # a pinned dependency: a broken install fails here, it does not skip
+
+from kernels.backend import BACKEND_ENV
+from tests.worker.engine_scenario import run_scenario
+from worker.modelzoo.make import ZooPaths
+
+ROOT = Path(__file__).resolve().parents[2]
+# Generous for two busy cores; a hung interpreter fails the test instead of the suite.
+CHILD_TIMEOUT_S = 240
+
+
+@pytest.mark.slow
+def test_engine_on_triton_kernels_matches_the_torch_kernels(
+    zoo: ZooPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", BACKEND_ENV: "triton"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.worker.engine_scenario", str(zoo.root)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        monkeypatch.setenv(BACKEND_ENV, "torch")
+        expected = run_scenario(zoo)  # meanwhile, on the torch kernels
+        out, err = child.communicate(timeout=CHILD_TIMEOUT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err[-4000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["triton_modules"] == ["kernels.attention_triton", "kernels.sgmv_triton"]
+    assert expected["cached"]["b0"] == 16, "the scenario's second round must hit the prefix cache"
+    assert got["cached"] == expected["cached"]
+    assert got["tokens"] == expected["tokens"]
