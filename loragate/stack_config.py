@@ -40,7 +40,7 @@ import yaml
 
 from loragate import stack_sources
 
-DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?", re.IGNORECASE)  # as worker.device reads it
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # no ':' (base:adapter), no '/'
 _TOP = ("host", "port", "admin_token", "api_keys", "models", "auto")
@@ -102,7 +102,7 @@ def parse_stack(raw: Any, source: str, base_dir: Path) -> StackConfig:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise StackError(f"{source}: models[{i}].name: {name!r} is already the name of another model")
-    keys = top.get("api_keys") or {}
+    keys = top.get("api_keys", {})
     if not isinstance(keys, dict) or not all(_text(k) and _text(v) for k, v in keys.items()):
         raise StackError(f"{source}: api_keys: must be a mapping of API key to tenant (non-empty strings)")
     admin = top.get("admin_token")
@@ -163,6 +163,8 @@ def _model(raw: Any, where: str, source: str, base_dir: Path) -> ModelSpec:
     if "adapters" in m and not _text(m["adapters"]):
         raise StackError(f"{source}: {where}.adapters: must be a directory")
     adapters = stack_sources.shipped_adapters(path)
+    if adapters is not None and path in stack_sources.PULLED and not adapters.is_dir():
+        raise StackError(f"{source}: {where}.path: {path}'s shipped adapters are missing ({adapters})")
     if "adapters" in m:
         adapters = (base_dir / m["adapters"]).resolve()
         if not adapters.is_dir():
@@ -178,12 +180,26 @@ def _model(raw: Any, where: str, source: str, base_dir: Path) -> ModelSpec:
     pin = m.get("pin", [])
     if not isinstance(pin, list) or not all(_text(p) for p in pin):
         raise StackError(f"{source}: {where}.pin: must be a list of adapter names")
+    if len(set(pin)) != len(pin):
+        raise StackError(f"{source}: {where}.pin: names an adapter more than once")
     for k, adapter in enumerate(pin):
         if adapters is None or (
             adapters.is_dir() and not (adapters / adapter / "adapter_config.json").is_file()
         ):
             raise StackError(f"{source}: {where}.pin[{k}]: no adapter {adapter!r} in {adapters}")
     return ModelSpec(name, model_source, adapters, workers, device, dtype, tuple(pin))
+
+
+def check_adapters(model: ModelSpec) -> None:
+    """StackError unless the model's adapter folder exists and holds every pinned adapter (a named model's
+    shipped folder may only exist once it was built, so `up` checks again after building)."""
+    if model.adapters is None:
+        return
+    if not model.adapters.is_dir():
+        raise StackError(f"{model.name}: its adapters folder {model.adapters} is not a directory")
+    for adapter in model.pin:
+        if not (model.adapters / adapter / "adapter_config.json").is_file():
+            raise StackError(f"{model.name}: pinned adapter {adapter!r} is not in {model.adapters}")
 
 
 def check_checkpoint(directory: Path, what: str) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from loragate.paths import cache_dir
 
-PULLED = ("smollm2",)  # = worker.hub.pull.PULLABLE (tests/loragate/test_stack_sources.py checks)
+PULLED = ("smollm2",)  # = worker.hub.pull.PULLABLE (tests/loragate/test_up_args.py checks)
 BUILT = ("tiny", "small")
 ZOO = "zoo-v1"  # the folder `loragate models make` builds under the cache (worker.modelzoo.make)
 

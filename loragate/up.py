@@ -48,6 +48,7 @@ from loragate.rundir import run_dir
 from loragate.stack_config import (
     StackConfig,
     StackError,
+    check_adapters,
     check_checkpoint,
     with_auto,
 )
@@ -121,12 +122,13 @@ def _prepare(stack: StackConfig, env: dict[str, str], stops: StopRequests) -> bo
             )
             return False
     for m in stack.models:
-        if is_named(m.source):
-            try:
+        try:
+            if is_named(m.source):
                 check_checkpoint(m.checkpoint, m.source)
-            except StackError as err:
-                print(f"loragate up: after fetching it, {err}", file=sys.stderr)
-                return False
+            check_adapters(m)
+        except StackError as err:
+            print(f"loragate up: after fetching it, {err}", file=sys.stderr)
+            return False
     return True
 
 
@@ -135,7 +137,7 @@ def _worker_args(stack: StackConfig, instance: str) -> dict[str, list[str]]:
     out, n = {}, 0
     for m in stack.models:
         args = ["--model", str(m.checkpoint), "--model-name", m.name]
-        if m.adapters is not None and m.adapters.is_dir():
+        if m.adapters is not None:  # present: `_prepare` checked it
             args += ["--adapters", str(m.adapters)] + [a for p in m.pin for a in ("--pin", p)]
         args += [a for flag, v in (("--device", m.device), ("--dtype", m.dtype)) if v for a in (flag, v)]
         for _ in range(m.workers):
@@ -178,7 +180,7 @@ def _run(stack: StackConfig, instance: str, state: Path, stops: StopRequests) ->
         return 0 if stops.count else 1
     keys = dict(stack.api_keys) or {f"sk-dev-{secrets.token_hex(8)}": "dev"}
     admin = stack.admin_token or os.environ.get("LORAGATE_ADMIN_TOKEN") or secrets.token_urlsafe(16)
-    roots = [str(m.adapters) for m in stack.models if m.adapters is not None and m.adapters.is_dir()]
+    roots = [str(m.adapters) for m in stack.models if m.adapters is not None]
     config = state / "gateway.json"
     config.touch(mode=0o600)
     config.write_text(json.dumps({"api_keys": keys, "admin_token": admin, "adapter_roots": roots}))

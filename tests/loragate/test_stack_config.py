@@ -168,6 +168,21 @@ CASES = [
         id="auto order",
     ),
     pytest.param(
+        {"models": [_model()], "api_keys": []},
+        "s.yaml: api_keys: must be a mapping of API key to tenant",
+        id="api_keys empty list",
+    ),
+    pytest.param(
+        {"models": [_model()], "api_keys": None},
+        "s.yaml: api_keys: must be a mapping of API key to tenant",
+        id="api_keys null",
+    ),
+    pytest.param(
+        {"models": [_model(pin=["a", "a"])]},
+        "s.yaml: models[0].pin: names an adapter more than once",
+        id="pin twice",
+    ),
+    pytest.param(
         {"models": [_model()], "auto": [{"modle": "ckpt"}]},
         "s.yaml: auto[0].modle: unknown key",
         id="auto tier key",
@@ -180,6 +195,20 @@ def test_each_mistake_is_refused_naming_the_file_and_key(files: Path, raw: Any, 
     with pytest.raises(StackError) as err:
         parse_stack(raw, "s.yaml", files)
     assert message in str(err.value)
+
+
+def test_a_pulled_model_whose_shipped_adapters_are_missing_is_refused(
+    files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stack_sources, "shipped_adapters", lambda source: files / "gone")
+    with pytest.raises(StackError) as err:
+        parse_stack({"models": [{"path": "smollm2"}]}, "s.yaml", files)
+    assert str(err.value) == f"s.yaml: models[0].path: smollm2's shipped adapters are missing ({files / 'gone'})"
+
+
+def test_the_shipped_smollm2_adapters_are_in_the_repository() -> None:
+    shipped = stack_sources.shipped_adapters("smollm2")
+    assert shipped is not None and len(list(shipped.glob("*/adapter_config.json"))) >= 6, shipped
 
 
 def test_a_valid_file_gives_the_stack_with_paths_relative_to_the_file(files: Path) -> None:

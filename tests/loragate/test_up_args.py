@@ -101,9 +101,14 @@ def test_missing_checkpoint_is_refused_before_anything_starts(tmp_path: Path) ->
     )
 
 
-def test_the_names_up_pulls_are_the_names_models_pull_knows() -> None:
-    pull = pytest.importorskip("worker.hub.pull")  # `loragate models pull` (imports torch: not in `up`)
+def test_up_names_models_where_models_pull_and_models_make_put_them() -> None:
+    # stack_sources repeats these so that `up` imports neither (gguf, numpy; torch through the zoo).
+    from worker.hub import pull
+    from worker.modelzoo import make
+
     assert set(stack_sources.PULLED) == set(pull.PULLABLE)
+    assert all(stack_sources.checkpoint_dir(name) == pull.model_dir(name) for name in stack_sources.PULLED)
+    assert stack_sources.ZOO == make.default_root().name
 
 
 def test_up_stays_light_it_never_imports_torch() -> None:

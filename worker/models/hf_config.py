@@ -64,6 +64,15 @@ class _Keys:
         value = self.raw.get(key)
         return self.family.defaults.get(key, fallback) if value is None else value
 
+    def optional_int(self, key: str, fallback: int) -> int:
+        return self._int(key, self.optional(key, fallback))
+
+    def optional_float(self, key: str, fallback: float) -> float:
+        value = self.optional(key, fallback)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ModelLoadError(f"{self.source}: {key} must be a positive number, got {value!r}")
+        return float(value)
+
     def _int(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ModelLoadError(f"{self.source}: {key} must be a positive integer, got {value!r}")
@@ -84,6 +93,8 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     heads = keys.required("num_attention_heads")
     hidden = keys.required("hidden_size")
     num_layers = keys.required("num_hidden_layers")
+    # transformers: an explicit null means one KV head per query head; an absent key, the family default.
+    kv_null = "num_key_value_heads" in raw and raw["num_key_value_heads"] is None
     return ModelConfig(
         model_type=family.model_type,
         vocab_size=keys.required("vocab_size"),
@@ -91,10 +102,10 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         intermediate_size=keys.required("intermediate_size"),
         num_layers=num_layers,
         num_heads=heads,
-        num_kv_heads=int(keys.optional("num_key_value_heads", heads)),
-        head_dim=int(keys.optional("head_dim", hidden // heads)),
-        rms_norm_eps=float(keys.optional("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(keys.optional("max_position_embeddings", 2048)),
+        num_kv_heads=heads if kv_null else keys.optional_int("num_key_value_heads", heads),
+        head_dim=keys.optional_int("head_dim", hidden // heads),
+        rms_norm_eps=keys.optional_float("rms_norm_eps", 1e-6),
+        max_position_embeddings=keys.optional_int("max_position_embeddings", 2048),
         rope=_rope_config(raw, path),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         layer_windows=family.layer_windows(raw, num_layers, path),

@@ -23,5 +23,7 @@ MISTRAL = ModelFamily(
     model_type="mistral",
     architectures=("MistralForCausalLM",),
     layer_windows=mistral_layer_windows,
-    defaults=MappingProxyType({"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6}),
+    defaults=MappingProxyType(
+        {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "num_key_value_heads": 8}
+    ),
 )

@@ -91,6 +91,8 @@ def test_shared_keys_and_family_defaults(tmp_path: Path) -> None:
     assert (cfg.model_type, cfg.head_dim, cfg.num_kv_heads, cfg.rope.theta) == ("mistral", 32, 4, 1e6)
     assert cfg.max_position_embeddings == 4096 * 32  # MistralConfig's default
     assert cfg.eos_token_ids == (2, 7)
+    absent = load_model_config(write_config(tmp_path, architectures=MISTRAL, num_key_value_heads="absent"))
+    assert absent.num_kv_heads == 8  # MistralConfig's default when the key is absent (null: one per head)
     qwen = load_model_config(write_config(tmp_path, architectures=QWEN2, max_position_embeddings="absent"))
     assert (qwen.max_position_embeddings, qwen.head_dim) == (32768, 16)
 
@@ -101,13 +103,25 @@ def test_shared_keys_and_family_defaults(tmp_path: Path) -> None:
         ({"architectures": LLAMA, "hidden_size": "absent"}, "missing key 'hidden_size'"),
         ({"architectures": LLAMA, "num_hidden_layers": 0}, "num_hidden_layers must be a positive"),
         ({"architectures": MISTRAL, "sliding_window": 0}, "sliding_window must be a positive"),
+        ({"architectures": LLAMA, "num_key_value_heads": 0}, "num_key_value_heads must be a positive"),
+        ({"architectures": LLAMA, "head_dim": "x"}, "head_dim must be a positive integer"),
+        ({"architectures": LLAMA, "rms_norm_eps": -1}, "rms_norm_eps must be a positive number"),
         (
             {"architectures": QWEN2, "use_sliding_window": True, "layer_types": ["full_attention"]},
             "layer_types must list one of",
         ),
         ({"architectures": ["GPT2LMHeadModel"]}, "architectures ['GPT2LMHeadModel'] are not supported"),
     ],
-    ids=["missing-key", "zero-layers", "zero-window", "short-layer-types", "unsupported"],
+    ids=[
+        "missing-key",
+        "zero-layers",
+        "zero-window",
+        "zero-kv-heads",
+        "text-head-dim",
+        "negative-eps",
+        "short-layer-types",
+        "unsupported",
+    ],
 )
 def test_malformed_configs_are_named_errors(tmp_path: Path, keys: dict[str, Any], message: str) -> None:
     with pytest.raises(ModelLoadError) as err:
