@@ -203,7 +203,8 @@ def test_a_pulled_model_whose_shipped_adapters_are_missing_is_refused(
     monkeypatch.setattr(stack_sources, "shipped_adapters", lambda source: files / "gone")
     with pytest.raises(StackError) as err:
         parse_stack({"models": [{"path": "smollm2"}]}, "s.yaml", files)
-    assert str(err.value) == f"s.yaml: models[0].path: smollm2's shipped adapters are missing ({files / 'gone'})"
+    gone = files / "gone"
+    assert str(err.value) == f"s.yaml: models[0].path: smollm2's shipped adapters are missing ({gone})"
 
 
 def test_the_shipped_smollm2_adapters_are_in_the_repository() -> None:

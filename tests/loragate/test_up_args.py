@@ -108,7 +108,7 @@ def test_up_names_models_where_models_pull_and_models_make_put_them() -> None:
 
     assert set(stack_sources.PULLED) == set(pull.PULLABLE)
     assert all(stack_sources.checkpoint_dir(name) == pull.model_dir(name) for name in stack_sources.PULLED)
-    assert stack_sources.ZOO == make.default_root().name
+    assert make.default_root().name == stack_sources.ZOO
 
 
 def test_up_stays_light_it_never_imports_torch() -> None:
