@@ -9,8 +9,9 @@ on a run of whitespace right before a digit.) Any other name, and a file without
 `default`, whose rules differ from GPT-2's), is refused rather than tokenized differently. Control tokens
 (`<|im_start|>`, …) are added as special tokens and user-defined tokens as plain added tokens, so neither
 is ever cut into pieces (llama.cpp matches both whole before BPE; Hugging Face's non-special added tokens
-are what llama.cpp's converter stores as user-defined); no BOS is inserted unless the file asks for one. The end-of-generation ids are the file's EOS plus the control
-tokens llama.cpp itself treats as ending a generation (`<|endoftext|>`, `<|im_end|>`, …).
+are what llama.cpp's converter stores as user-defined); no BOS is inserted unless the file asks for one.
+The end-of-generation ids are the file's EOS plus the control tokens llama.cpp itself treats as ending a
+generation (`<|endoftext|>`, `<|im_end|>`, …).
 """
 
 from __future__ import annotations
