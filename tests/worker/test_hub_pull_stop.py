@@ -50,7 +50,8 @@ def test_sigterm_during_the_download_kills_pip_and_removes_its_scratch_folder(
     tmp_path: Path, silent_index: socket.socket
 ) -> None:
     port = silent_index.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    proxies = {"http_proxy", "https_proxy", "all_proxy"}  # pip must reach our socket, not a proxy
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k.lower() not in proxies}
     env |= {
         "LORAGATE_CACHE": str(tmp_path / "cache"),
         "PIP_INDEX_URL": f"http://127.0.0.1:{port}/simple",
