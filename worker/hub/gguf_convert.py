@@ -51,8 +51,13 @@ def _short_float(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def hf_config(meta: GGUFMetadata, has_output: bool) -> dict[str, Any]:
-    """`config.json` for a `LlamaForCausalLM` described by `meta`."""
+def hf_config(meta: GGUFMetadata, has_output: bool, vocab_size: int) -> dict[str, Any]:
+    """`config.json` for a `LlamaForCausalLM` described by `meta`, whose embedding has `vocab_size` rows.
+
+    The vocabulary size is the embedding's, not the tokenizer's: a padded vocabulary has more rows than
+    tokens. The head width is `llama.attention.key_length` (else hidden / heads), never the rotary width
+    `llama.rope.dimension_count`, which is smaller under partial rotary (not supported, so refused).
+    """
     arch = meta.require("general.architecture")
     if arch != "llama":
         raise GGUFConvertError(f"{meta.path}: general.architecture is {arch!r}; only 'llama' is supported")
@@ -62,17 +67,23 @@ def hf_config(meta: GGUFMetadata, has_output: bool) -> dict[str, Any]:
         )
     heads = int(meta.require("llama.attention.head_count"))
     hidden = int(meta.require("llama.embedding_length"))
-    vocab = int(meta.get("llama.vocab_size") or len(meta.require("tokenizer.ggml.tokens")))
+    head_dim = _head_dim(meta, hidden, heads)
+    tokens = len(meta.require("tokenizer.ggml.tokens"))
+    if tokens > vocab_size:
+        raise GGUFConvertError(
+            f"{meta.path}: tokenizer.ggml.tokens holds {tokens} tokens but token_embd.weight has only "
+            f"{vocab_size} rows"
+        )
     config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": vocab,
+        "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": int(meta.require("llama.feed_forward_length")),
         "num_hidden_layers": int(meta.require("llama.block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", heads)),
-        "head_dim": int(meta.get("llama.rope.dimension_count", hidden // heads)),
+        "head_dim": head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": _short_float(meta.require("llama.attention.layer_norm_rms_epsilon")),
         "max_position_embeddings": int(meta.require("llama.context_length")),
@@ -90,6 +101,18 @@ def hf_config(meta: GGUFMetadata, has_output: bool) -> dict[str, Any]:
         if token_id is not None:
             config[f"{name}_token_id"] = int(token_id)
     return config
+
+
+def _head_dim(meta: GGUFMetadata, hidden: int, heads: int) -> int:
+    head_dim = int(meta.get("llama.attention.key_length", hidden // heads))
+    for key in ("llama.attention.value_length", "llama.rope.dimension_count"):
+        width = meta.get(key)
+        if width is not None and int(width) != head_dim:
+            raise GGUFConvertError(
+                f"{meta.path}: {key} is {int(width)} but the attention head width is {head_dim}; "
+                "only a rotary embedding over the whole head, with values as wide as keys, is supported"
+            )
+    return head_dim
 
 
 def hf_name(gguf_name: str) -> str:
@@ -157,8 +180,11 @@ def convert(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     reader = gguf.GGUFReader(gguf_path)
     meta = read_metadata(reader, gguf_path)
     by_name = {hf_name(t.name): t for t in reader.tensors}
-    config = hf_config(meta, has_output="lm_head.weight" in by_name)
     shapes = {name: tuple(int(d) for d in reversed(t.shape.tolist())) for name, t in by_name.items()}
+    if "model.embed_tokens.weight" not in shapes:
+        raise GGUFConvertError(f"{gguf_path}: the file has no token_embd.weight tensor")
+    vocab_size = shapes["model.embed_tokens.weight"][0]
+    config = hf_config(meta, has_output="lm_head.weight" in by_name, vocab_size=vocab_size)
     write_safetensors(
         out_dir / "model.safetensors", shapes, lambda name: _dequantized(by_name[name], config), progress
     )

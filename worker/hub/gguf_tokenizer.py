@@ -1,13 +1,17 @@
 """Rebuild a GGUF file's byte-level BPE tokenizer as `tokenizer.json` and `tokenizer_config.json`.
 
 A GGUF stores its vocabulary, merges, token types and a pre-tokenizer name (`tokenizer.ggml.pre`) as
-metadata. The pre-tokenizer name selects how text is split before BPE, exactly as llama.cpp does:
-`smollm` (and the StarCoder family it shares its vocabulary style with) isolates every digit and then
-splits GPT-2 style, the way SmolLM2's own tokenizer does. (transformers' GGUF loader does not know
-`smollm` and splits GPT-2 style only; the two differ only on a run of whitespace right before a digit.)
-Control tokens (`<|im_start|>`, …) are added as special tokens so they are never cut into pieces; no BOS
-is inserted unless the file asks for one. The end-of-generation ids are the file's EOS plus the control
-tokens llama.cpp itself treats as ending a generation (`<|endoftext|>`, `<|im_end|>`, …).
+metadata. The pre-tokenizer name selects how text is split before BPE, as llama.cpp does for the names
+listed in `PRE_TOKENIZERS`: `gpt-2` splits GPT-2 style; `smollm` (and the StarCoder family it shares its
+vocabulary style with) isolates every digit and then splits GPT-2 style, the way SmolLM2's own tokenizer
+does. (transformers' GGUF loader does not know `smollm` and splits GPT-2 style only; the two differ only
+on a run of whitespace right before a digit.) Any other name, and a file without one (llama.cpp's
+`default`, whose rules differ from GPT-2's), is refused rather than tokenized differently. Control tokens
+(`<|im_start|>`, …) are added as special tokens and user-defined tokens as plain added tokens, so neither
+is ever cut into pieces (llama.cpp matches both whole before BPE; Hugging Face's non-special added tokens
+are what llama.cpp's converter stores as user-defined); no BOS is inserted unless the file asks for one.
+The end-of-generation ids are the file's EOS plus the control tokens llama.cpp itself treats as ending a
+generation (`<|endoftext|>`, `<|im_end|>`, …).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from worker.hub.gguf_meta import GGUFConvertError, GGUFMetadata
 
-_CONTROL = 3  # llama.cpp's token type for control tokens
+_CONTROL = 3  # llama.cpp's token types: control and user-defined
+_USER_DEFINED = 4
 # Control-token texts llama.cpp treats as end of generation whatever the file's EOS id says.
 _END_OF_GENERATION = (
     "<|endoftext|>",
@@ -40,9 +45,8 @@ def _digits_then_gpt2_split() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_split()])
 
 
-# tokenizer.ggml.pre → the pre-tokenizer llama.cpp applies for it.
+# tokenizer.ggml.pre → the pre-tokenizer llama.cpp applies for it (its `default` is not GPT-2's split).
 PRE_TOKENIZERS = {
-    "default": _gpt2_split,
     "gpt-2": _gpt2_split,
     "smollm": _digits_then_gpt2_split,
     "starcoder": _digits_then_gpt2_split,
@@ -57,10 +61,11 @@ def build_tokenizer(meta: GGUFMetadata) -> Tokenizer:
         raise GGUFConvertError(
             f"{meta.path}: tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') is supported"
         )
-    pre = meta.get("tokenizer.ggml.pre", "default")
+    pre = meta.get("tokenizer.ggml.pre")
     if pre not in PRE_TOKENIZERS:
+        found = "is missing (llama.cpp then splits its 'default' way)" if pre is None else f"is {pre!r}"
         raise GGUFConvertError(
-            f"{meta.path}: tokenizer.ggml.pre {pre!r} is not supported (supported: {sorted(PRE_TOKENIZERS)})"
+            f"{meta.path}: tokenizer.ggml.pre {found}; supported: {', '.join(sorted(PRE_TOKENIZERS))}"
         )
     tokens: list[str] = meta.require("tokenizer.ggml.tokens")
     merges = [tuple(merge.split(" ", 1)) for merge in meta.require("tokenizer.ggml.merges")]
@@ -73,6 +78,9 @@ def build_tokenizer(meta: GGUFMetadata) -> Tokenizer:
     tokenizer.post_processor = _post_processor(meta, tokens)
     tokenizer.add_special_tokens(
         [AddedToken(token, special=True, normalized=False) for token in control_tokens(meta)]
+    )
+    tokenizer.add_tokens(
+        [AddedToken(token, special=False, normalized=False) for token in _tokens_of_type(meta, _USER_DEFINED)]
     )
     return tokenizer
 
@@ -87,9 +95,13 @@ def _post_processor(meta: GGUFMetadata, tokens: list[str]) -> processors.PostPro
     )
 
 
-def control_tokens(meta: GGUFMetadata) -> list[str]:
+def _tokens_of_type(meta: GGUFMetadata, token_type: int) -> list[str]:
     tokens, types = meta.require("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type") or []
-    return [token for token, kind in zip(tokens, types, strict=False) if kind == _CONTROL]
+    return [token for token, kind in zip(tokens, types, strict=False) if kind == token_type]
+
+
+def control_tokens(meta: GGUFMetadata) -> list[str]:
+    return _tokens_of_type(meta, _CONTROL)
 
 
 def end_of_generation_ids(meta: GGUFMetadata) -> list[int]:

