@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -25,6 +26,9 @@ from loragate.endpoint import Endpoint, live_endpoints
 from loragate.paths import cache_dir
 
 MAX_TOKENS = 64
+# A busy fleet answers 429 (or 503 while its workers start); like OpenAI's clients, eval waits and retries.
+RETRY_STATUS = (429, 503)
+MAX_TRIES = 12
 
 
 class EvalError(Exception):
@@ -83,15 +87,26 @@ def chat(endpoint: Endpoint, model: str, prompt: str, timeout: float = 300.0) ->
         data=json.dumps(body).encode(),
         headers={"Authorization": f"Bearer {endpoint.api_key}", "Content-Type": "application/json"},
     )
+    for attempt in range(MAX_TRIES):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
+                reply = json.loads(resp.read())
+            return str(reply["choices"][0]["message"]["content"] or "")
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:500]
+            if e.code not in RETRY_STATUS or attempt == MAX_TRIES - 1:
+                raise EvalError(f"{endpoint.base_url}: model {model!r}: HTTP {e.code}: {detail}") from e
+            time.sleep(_retry_after(e.headers.get("Retry-After"), attempt))
+        except (urllib.error.URLError, OSError) as e:
+            raise EvalError(f"{endpoint.base_url}: cannot reach the fleet ({e})") from e
+    raise AssertionError("unreachable")
+
+
+def _retry_after(header: str | None, attempt: int) -> float:
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            reply = json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")[:500]
-        raise EvalError(f"{endpoint.base_url}: model {model!r}: HTTP {e.code}: {detail}") from e
-    except (urllib.error.URLError, OSError) as e:
-        raise EvalError(f"{endpoint.base_url}: cannot reach the fleet ({e})") from e
-    return str(reply["choices"][0]["message"]["content"] or "")
+        return min(30.0, float(header)) if header else min(30.0, 2.0**attempt)
+    except ValueError:
+        return min(30.0, 2.0**attempt)
 
 
 def score_task(
@@ -144,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2", help="base model name (default: smollm2)")
     parser.add_argument("--tasks", help="comma-separated task names (default: all)")
     parser.add_argument("--n", type=int, default=50, help="held-out prompts per task (default: 50)")
-    parser.add_argument("--concurrency", type=int, default=16, help="requests in flight (default: 16)")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (default: 8)")
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error(f"--n must be >= 1, got {args.n}")

@@ -31,7 +31,7 @@ def smol_stack(model: Path) -> type[Stack]:
                 [
                     "worker",
                     *("--model", str(model), "--model-name", "smollm2", "--worker-id", worker_id),
-                    *("--adapters", str(SHIPPED_DIR), "--kv-cache-mb", "64"),
+                    *("--adapters", str(SHIPPED_DIR), "--kv-cache-mb", "256"),
                 ],
                 f"{worker_id}.log",
             )

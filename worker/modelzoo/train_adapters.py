@@ -44,7 +44,7 @@ class TrainSpec:
     targets: tuple[str, ...]
     use_rslora: bool = False
     lr: float = 3e-3
-    steps: int = 24
+    steps: int = 30
     batch: int = 6
     seed: int = 0
 
@@ -56,7 +56,7 @@ SPECS: dict[str, TrainSpec] = {
     "json": TrainSpec(8, 16, ATTENTION, seed=4),
     "isodate": TrainSpec(8, 16, ATTENTION, seed=5),
     "brackets": TrainSpec(4, 8, ("q_proj", "v_proj"), seed=6),
-    "signoff": TrainSpec(4, 4, ("q_proj", "v_proj"), use_rslora=True, steps=30, seed=7),
+    "signoff": TrainSpec(4, 4, ("q_proj", "v_proj"), use_rslora=True, seed=7),
 }
 
 
@@ -150,7 +150,7 @@ def train_one(
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        loss_value = float(loss)
+        loss_value = loss.item()
         bar.set_postfix(loss=f"{loss_value:.3f}")
     save(peft_model, out)
     size = sum(p.stat().st_size for p in out.iterdir())
