@@ -1,7 +1,7 @@
 """The tasks the shipped SmolLM2 adapters are trained for, each with a program that checks an answer.
 
 A task is a named transformation whose result a program can check: capital letters, reversed word order,
-digits spelled as words, JSON with given keys, ISO dates, square brackets around words. Each one has a
+digits spelled as words, ISO dates, square brackets around words, a persona's sign-off. Each one has a
 seeded prompt generator `(rng) -> (user_message, expected)` and a checker `(response, expected) -> bool`
 that strips whitespace and a trailing end-of-turn token. The user message states the instruction in plain
 words, so the base model gets a fair chance; `loragate eval` sends the same held-out prompts to the base
@@ -13,7 +13,6 @@ however many training examples are drawn. Pure Python (no torch): the gateway-si
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from collections.abc import Callable
@@ -142,27 +141,6 @@ def _check_digits(response: str, expected: str) -> bool:
     return words == expected.split()
 
 
-def _json(rng: random.Random) -> tuple[str, str]:
-    items = rng.sample(_NOUNS, rng.randint(2, 5))
-    return (
-        f'Answer with JSON only, with the keys "count" and "items": count and list these words: '
-        f"{', '.join(items)}",
-        json.dumps({"count": len(items), "items": items}),
-    )
-
-
-def _check_json(response: str, expected: str) -> bool:
-    text = clean(response)
-    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL)
-    if fenced:
-        text = fenced.group(1)
-    try:
-        got = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(got, dict) and got == json.loads(expected)
-
-
 def _iso_date(rng: random.Random) -> tuple[str, str]:
     year, month, day = rng.randint(1950, 2049), rng.randint(1, 12), rng.randint(1, 28)
     return (
@@ -204,7 +182,6 @@ TASKS: dict[str, AdapterTask] = {
         AdapterTask("upper", "rewrite a sentence in capital letters", _upper, _same_words),
         AdapterTask("reverse", "reverse the order of a few words", _reverse, _same_words),
         AdapterTask("digits", "spell each digit of a number as a word", _digits, _check_digits),
-        AdapterTask("json", "count and list words as a JSON object", _json, _check_json),
         AdapterTask("signoff", "answer a sum and sign off as Captain Byte", _signoff, _check_signoff),
         AdapterTask("isodate", "write a spelled-out date as YYYY-MM-DD", _iso_date, _check_exact),
         AdapterTask("brackets", "put each word in square brackets", _brackets, _same_words),

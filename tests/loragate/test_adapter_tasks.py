@@ -54,8 +54,9 @@ def test_the_generator_is_a_function_of_its_rng() -> None:
 
 
 def test_some_checkers_tolerate_the_natural_variants() -> None:
-    json_ex = TASKS["json"].examples("heldout", 1)[0]
-    assert TASKS["json"].check(f"```json\n{json_ex.expected}\n```", json_ex.expected)
+    assert TASKS["signoff"].check(
+        "3 plus 4 is 7. - Captain Byte!", "3 plus 4 is 7. Fair winds! - Captain Byte"
+    )
     assert TASKS["digits"].check("One, two, three.", "one two three")
     assert TASKS["upper"].check("THE RED DOG SEES THE CAT.", "THE RED DOG SEES THE CAT")
     assert not TASKS["upper"].check("The red dog sees the cat", "THE RED DOG SEES THE CAT")

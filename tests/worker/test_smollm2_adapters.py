@@ -37,7 +37,7 @@ def test_every_task_has_a_shipped_adapter_in_peft_fp16_format() -> None:
         assert bool(cfg["use_rslora"]) == spec.use_rslora
         with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as f:
             assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"F16"}  # noqa: SIM118
-    assert sum(p.stat().st_size for p in SHIPPED_DIR.rglob("*") if p.is_file()) < 20 * 1024**2
+    assert sum(p.stat().st_size for p in SHIPPED_DIR.rglob("*") if p.is_file()) < 24 * 1024**2
     assert any(s.use_rslora for s in SPECS.values()) and len({s.targets for s in SPECS.values()}) >= 3
 
 

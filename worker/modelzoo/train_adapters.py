@@ -53,7 +53,6 @@ SPECS: dict[str, TrainSpec] = {
     "upper": TrainSpec(16, 32, ALL_LINEAR, seed=1),
     "reverse": TrainSpec(16, 16, ALL_LINEAR, use_rslora=True, lr=2e-3, seed=2),
     "digits": TrainSpec(8, 16, ("q_proj", "v_proj"), seed=3),
-    "json": TrainSpec(8, 16, ATTENTION, seed=4),
     "isodate": TrainSpec(8, 16, ATTENTION, seed=5),
     "brackets": TrainSpec(4, 8, ("q_proj", "v_proj"), seed=6),
     "signoff": TrainSpec(4, 4, ("q_proj", "v_proj"), use_rslora=True, seed=7),
