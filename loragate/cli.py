@@ -1,6 +1,7 @@
 """The `loragate` command line: one entry point; each subcommand imports its heavy parts lazily.
 
-`worker`, `gateway`, `up`, `demo` and `bench engine` hand their arguments to their own parsers.
+`worker`, `gateway`, `up`, `demo`, `bench engine`, `eval` and `models train-adapters` hand their arguments
+to their own parsers.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("worker.demo", "generate with the demo models and adapters, in-process"),
     ("bench", "engine"): ("loadtest.bench_engine", "engine throughput: loragate vs transformers+peft"),
     ("policy",): ("policies.cli", "validate a policy file; train the difficulty estimator"),
+    ("eval",): ("loragate.eval", "accuracy of the SmolLM2 adapters vs their base, through a running fleet"),
+    ("models", "train-adapters"): (
+        "worker.modelzoo.train_adapters",
+        "train the SmolLM2 LoRA adapters of loragate.adapter_tasks (CPU)",
+    ),
 }
 
 
@@ -63,9 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for words, (_, text) in PASSTHROUGH.items():
-        sub.add_parser(words[0], help=text, add_help=False)
-    models = sub.add_parser("models", help="build the demo checkpoints; pull real models")
+        if words[0] != "models":  # listed under `models` below
+            sub.add_parser(words[0], help=text, add_help=False)
+    models = sub.add_parser(
+        "models", help="build the demo checkpoints; pull real models; train the SmolLM2 adapters"
+    )
     models_sub = models.add_subparsers(dest="models_command", required=True)
+    for words, (_, text) in PASSTHROUGH.items():
+        if words[0] == "models":
+            models_sub.add_parser(words[1], help=text, add_help=False)
     make = models_sub.add_parser("make", help="build the demo base models, tokenizer and LoRA adapters")
     make.add_argument("--out", help="output directory (default: the loragate cache)")
     make.add_argument("--quiet", action="store_true", help="no progress bar")
