@@ -11,7 +11,10 @@ from typing import Any
 from loragate.stack_config import StackConfig
 from loragate.stack_sources import adapter_names
 
-EXAMPLE_ADAPTER = "upper"  # the adapter task the banner shows (loragate/adapter_tasks.py), when served
+# The shipped adapter the banner shows, with a prompt of its task (loragate/adapter_tasks.py): narrow task
+# adapters answer their own kind of prompt; the base model gets this one wrong ("river, music, bread").
+EXAMPLE_ADAPTER = "reverse"
+EXAMPLE_PROMPT = "Reverse the order of these words: river bread music"
 QUESTION = "What is the capital of France?"
 
 
@@ -28,9 +31,9 @@ def example_adapter(names: list[str]) -> str | None:
     return names[0] if names else None
 
 
-def _chat(url: str, key: str, model: str) -> str:
+def _chat(url: str, key: str, model: str, prompt: str = QUESTION) -> str:
     body = (
-        f'{{"model": "{model}", "messages": [{{"role": "user", "content": "{QUESTION}"}}], "max_tokens": 32}}'
+        f'{{"model": "{model}", "messages": [{{"role": "user", "content": "{prompt}"}}], "max_tokens": 32}}'
     )
     return (
         f'  curl {url}/v1/chat/completions -H "Authorization: Bearer {key}" '
@@ -48,7 +51,12 @@ def banner(url: str, stack: StackConfig, key: str, tenant: str, admin: str, stat
     first = stack.models[0]
     adapter = example_adapter(adapter_names(first.adapters))
     examples = _chat(url, key, first.name)
-    if adapter is not None:
+    if adapter == EXAMPLE_ADAPTER:
+        examples += (
+            f"  # its adapter {adapter!r} at its task (send the same to model {first.name!r} to compare):\n"
+            + _chat(url, key, f"{first.name}:{adapter}", EXAMPLE_PROMPT)
+        )
+    elif adapter is not None:
         examples += f"  # through its adapter {adapter!r}:\n" + _chat(url, key, f"{first.name}:{adapter}")
     return f"""
 loragate is up at {url}  (OpenAI-compatible)

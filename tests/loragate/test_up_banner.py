@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loragate.adapter_tasks import TASKS
 from loragate.stack_config import ModelSpec, StackConfig
-from loragate.up_banner import EXAMPLE_ADAPTER, QUESTION, banner, describe_auto
+from loragate.up_banner import EXAMPLE_ADAPTER, EXAMPLE_PROMPT, QUESTION, banner, describe_auto
 
 
 def _adapters(root: Path, names: list[str]) -> Path:
@@ -25,11 +26,21 @@ def test_banner_shows_keys_models_auto_and_the_example_adapter(tmp_path: Path) -
     )
     text = banner("http://127.0.0.1:9", stack, "sk-1", "team", "adm", tmp_path)
     assert 'API key (tenant "team"): sk-1' in text and "admin token:           adm" in text
-    assert "models: smollm2 (2 workers, 2 adapters: smollm2:alpha, smollm2:upper); tiny (1 worker)" in text
+    assert (
+        f"models: smollm2 (2 workers, 2 adapters: smollm2:alpha, smollm2:{EXAMPLE_ADAPTER}); tiny (1 worker)"
+        in text
+    )
     assert "routes by difficulty (0-1): ≤ 0.4 → tiny, higher → smollm2" in text
     assert f'"model": "smollm2", "messages": [{{"role": "user", "content": "{QUESTION}"}}]' in text
-    assert f'"model": "smollm2:{EXAMPLE_ADAPTER}"' in text and 'smollm2:alpha"' not in text
+    example = f'"role": "user", "content": "{EXAMPLE_PROMPT}"'
+    assert f'"model": "smollm2:{EXAMPLE_ADAPTER}", "messages": [{{{example}}}]' in text
+    assert 'smollm2:alpha"' not in text
     assert f"state:  {tmp_path}  (removed on exit)" in text
+
+
+def test_the_example_adapter_is_a_shipped_task_and_its_prompt_is_of_that_task() -> None:
+    assert EXAMPLE_ADAPTER in TASKS
+    assert EXAMPLE_PROMPT.startswith("Reverse the order of these words: ")
 
 
 def test_without_the_example_task_the_first_adapter_is_shown_and_without_adapters_none(
