@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+from tqdm import tqdm
+
 from loragate.adapter_tasks import AdapterTask, Example, select
 from loragate.endpoint import Endpoint, live_endpoints
 from loragate.paths import cache_dir
@@ -110,13 +112,21 @@ def _retry_after(header: str | None, attempt: int) -> float:
 
 
 def score_task(
-    endpoint: Endpoint, model: str, task: AdapterTask, n: int, pool: ThreadPoolExecutor
+    endpoint: Endpoint,
+    model: str,
+    task: AdapterTask,
+    n: int,
+    pool: ThreadPoolExecutor,
+    progress: tqdm | None = None,
 ) -> TaskScore:
     examples = task.examples("heldout", n)
 
     def correct(target: str) -> int:
         def one(ex: Example) -> bool:
-            return task.check(chat(endpoint, target, ex.prompt), ex.expected)
+            ok = task.check(chat(endpoint, target, ex.prompt), ex.expected)
+            if progress is not None:
+                progress.update(1)
+            return ok
 
         return sum(pool.map(one, examples))
 
@@ -160,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", help="comma-separated task names (default: all)")
     parser.add_argument("--n", type=int, default=50, help="held-out prompts per task (default: 50)")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (default: 8)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error(f"--n must be >= 1, got {args.n}")
@@ -171,8 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     try:
         endpoint = find_endpoint(args.base_url, args.api_key)
-        with ThreadPoolExecutor(args.concurrency) as pool:
-            scores = [score_task(endpoint, args.model, t, args.n, pool) for t in tasks]
+        total = 2 * args.n * len(tasks)  # each prompt to the base model and to the adapter
+        with (
+            ThreadPoolExecutor(args.concurrency) as pool,
+            tqdm(total=total, desc="eval", unit="req", file=sys.stderr, disable=args.quiet) as bar,
+        ):
+            scores = [score_task(endpoint, args.model, t, args.n, pool, bar) for t in tasks]
     except EvalError as e:
         print(f"loragate eval: {e}", file=sys.stderr)
         return 1
