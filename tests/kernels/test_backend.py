@@ -54,7 +54,7 @@ def test_public_kernels_dispatch_to_triton_when_forced(monkeypatch: pytest.Monke
     ]
     called: list[str] = []
     for module, name in targets:
-        monkeypatch.setattr(module, name, lambda *args, name=name: called.append(name))
+        monkeypatch.setattr(module, name, lambda *args, name=name, **kwargs: called.append(name))
     t = torch.zeros(1, 1)
     kernels.sgmv_shrink(t, t, t, t, t, 0, t)
     kernels.sgmv_expand(t, t, t, t, t, 0)
