@@ -163,7 +163,8 @@ def test_up_serves_and_a_stop_signal_stops_every_process(
 
 def test_a_second_stop_signal_kills_at_once(start_up: Callable[..., Up]) -> None:
     up = start_up()
-    body = {"model": "tiny", "prompt": "while True:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    # Eight long streams: the drain lasts many seconds, so the second signal surely finds it running.
+    body = {"model": "tiny", "prompt": "while True:", "max_tokens": 1900, "ignore_eos": True, "stream": True}
 
     streaming = threading.Event()
 
@@ -182,7 +183,8 @@ def test_a_second_stop_signal_kills_at_once(start_up: Callable[..., Up]) -> None
         except httpx.HTTPError:
             pass
 
-    threading.Thread(target=long_stream, daemon=True).start()
+    for _ in range(8):
+        threading.Thread(target=long_stream, daemon=True).start()
     assert streaming.wait(60), up.output.text()  # the worker is generating: it has something to drain
     children = descendants(up.proc.pid)
     up.proc.send_signal(signal.SIGTERM)
