@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.auth import key_digest, new_api_key
 from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request
-from loragate import keys
+from loragate import contracts
 from loragate.messages import AdapterRecord
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -62,14 +62,14 @@ class AdminRoutes:
             raise bad_request("'pinned' must be a boolean.", param="pinned")
         path = self._checked_path(body.get("path"))
         record = AdapterRecord(name, base, str(path), tuple(tenants), pinned)
-        await self.ctx.redis.hset(keys.ADAPTERS, record.key, record.to_json())
+        await self.ctx.redis.hset(contracts.ADAPTERS, record.key, record.to_json())
         await self.ctx.catalog.adapters(fresh=True)
         return JSONResponse(_asdict(record), status_code=201)
 
     async def delete_adapter(self, request: Request) -> Response:
         self.ctx.auth.require_admin(request)
         key = f"{_name(request.path_params['base'], 'base')}:{_name(request.path_params['name'], 'name')}"
-        if not await self.ctx.redis.hdel(keys.ADAPTERS, key):
+        if not await self.ctx.redis.hdel(contracts.ADAPTERS, key):
             raise APIError(404, f"No adapter '{key}' is registered.", code="adapter_not_found")
         await self.ctx.catalog.adapters(fresh=True)
         return Response(status_code=204)
@@ -81,12 +81,12 @@ class AdminRoutes:
         pinned = body.get("pinned", True)
         if not isinstance(pinned, bool):
             raise bad_request("'pinned' must be a boolean.", param="pinned")
-        raw = await self.ctx.redis.hget(keys.ADAPTERS, key)
+        raw = await self.ctx.redis.hget(contracts.ADAPTERS, key)
         if raw is None:
             raise APIError(404, f"No adapter '{key}' is registered.", code="adapter_not_found")
         rec = AdapterRecord.from_json(raw)
         rec = AdapterRecord(rec.name, rec.base, rec.path, rec.tenants, pinned)
-        await self.ctx.redis.hset(keys.ADAPTERS, key, rec.to_json())
+        await self.ctx.redis.hset(contracts.ADAPTERS, key, rec.to_json())
         return JSONResponse(_asdict(rec))
 
     async def create_key(self, request: Request) -> Response:
@@ -94,12 +94,12 @@ class AdminRoutes:
         body = await read_json(request, 4096)
         tenant = _name(body.get("tenant"), "tenant")
         key = new_api_key()
-        await self.ctx.redis.hset(keys.API_KEYS, key_digest(key), tenant)
+        await self.ctx.redis.hset(contracts.API_KEYS, key_digest(key), tenant)
         return JSONResponse({"key": key, "key_id": key_digest(key)[:16], "tenant": tenant}, status_code=201)
 
     async def list_keys(self, request: Request) -> Response:
         self.ctx.auth.require_admin(request)
-        raw = await self.ctx.redis.hgetall(keys.API_KEYS)
+        raw = await self.ctx.redis.hgetall(contracts.API_KEYS)
         return JSONResponse(
             {"keys": [{"key_id": k.decode()[:16], "tenant": v.decode()} for k, v in raw.items()]}
         )
@@ -107,11 +107,11 @@ class AdminRoutes:
     async def delete_key(self, request: Request) -> Response:
         self.ctx.auth.require_admin(request)
         key_id = request.path_params["key_id"]
-        raw = await self.ctx.redis.hgetall(keys.API_KEYS)
+        raw = await self.ctx.redis.hgetall(contracts.API_KEYS)
         matches = [k for k in raw if k.decode().startswith(key_id)] if len(key_id) >= 8 else []
         if len(matches) != 1:
             raise APIError(404, f"No API key with id '{key_id}'.", code="key_not_found")
-        await self.ctx.redis.hdel(keys.API_KEYS, matches[0])
+        await self.ctx.redis.hdel(contracts.API_KEYS, matches[0])
         return Response(status_code=204)
 
     def _checked_path(self, value: object) -> Path:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from gateway.errors import APIError
 from gateway.settings import GatewaySettings
-from loragate import keys
+from loragate import contracts
 
 
 def key_digest(api_key: str) -> str:
@@ -46,7 +46,7 @@ class Authenticator:
         for key, tenant in self.settings.api_keys.items():
             if hmac.compare_digest(key.encode(), token.encode()):  # bytes: str refuses non-ASCII
                 return tenant
-        stored = await self.redis.hget(keys.API_KEYS, key_digest(token))
+        stored = await self.redis.hget(contracts.API_KEYS, key_digest(token))
         if stored is None:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
         return stored.decode() if isinstance(stored, bytes) else str(stored)

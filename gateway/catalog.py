@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from gateway.errors import APIError, bad_request
 from gateway.fleet import Fleet
-from loragate import keys
+from loragate import contracts
 from loragate.messages import AdapterRecord
 
 AUTO = "auto"
@@ -47,7 +47,7 @@ class Catalog:
 
     async def adapters(self, fresh: bool = False) -> dict[str, AdapterRecord]:
         if fresh or time.monotonic() - self._loaded_at > self.ttl_s:
-            raw = await self.redis.hgetall(keys.ADAPTERS)
+            raw = await self.redis.hgetall(contracts.ADAPTERS)
             self._adapters = {k.decode(): AdapterRecord.from_json(v) for k, v in raw.items()}
             self._loaded_at = time.monotonic()
         return self._adapters
@@ -55,8 +55,8 @@ class Catalog:
     async def remembered(self) -> set[str]:
         """Base models the fleet served, live or not (`lg:models`, this gateway's memory)."""
         if time.monotonic() - self._remembered_at > self.ttl_s:
-            raw = await self.redis.hgetall(keys.MODELS)
-            horizon = time.time() - keys.MODEL_MEMORY_S
+            raw = await self.redis.hgetall(contracts.MODELS)
+            horizon = time.time() - contracts.MODEL_MEMORY_S
             self._remembered = {k.decode() for k, v in raw.items() if _seen_at(v) > horizon}
             self._remembered_at = time.monotonic()
         return self._seen | self._remembered

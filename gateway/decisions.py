@@ -16,11 +16,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from gateway.metrics import GatewayMetrics
-from loragate import keys
+from loragate import contracts
+from loragate.contracts import AdapterTier
 from loragate.messages import shallow_dict
-from policies.types import RouteDecision, Tier
-
-DECISION_TTL_S = 3600
+from policies.types import RouteDecision
 
 
 def decision_json(decision: RouteDecision, request_id: str) -> str:
@@ -46,8 +45,8 @@ class ShadowStats:
         self.different_worker += active.worker_id != shadow.worker_id
         self.active_predicted_cached_tokens += active.predicted_cached_tokens
         self.shadow_predicted_cached_tokens += shadow.predicted_cached_tokens
-        self.active_adapter_loads += active.adapter_tier in (Tier.HOST, Tier.DISK)
-        self.shadow_adapter_loads += shadow.adapter_tier in (Tier.HOST, Tier.DISK)
+        self.active_adapter_loads += active.adapter_tier in (AdapterTier.HOST, AdapterTier.DISK)
+        self.shadow_adapter_loads += shadow.adapter_tier in (AdapterTier.HOST, AdapterTier.DISK)
 
     def report(self) -> dict[str, Any]:
         n = max(1, self.compared)
@@ -73,7 +72,11 @@ class DecisionLog:
     def record(self, decision: RouteDecision, request_id: str, pipe: Pipeline) -> None:
         """Store the decision for `/admin/decisions/{id}` with the request's enqueue (`pipe`), so that
         costs no round trip of its own. (Count it with `count` once the request is on its way.)"""
-        pipe.set(keys.decision(decision.decision_id), decision_json(decision, request_id), ex=DECISION_TTL_S)
+        pipe.set(
+            contracts.decision(decision.decision_id),
+            decision_json(decision, request_id),
+            ex=contracts.DECISION_TTL_S,
+        )
 
     def finished(self, decision: RouteDecision, actual_cached_tokens: int) -> None:
         self.predicted_cached_tokens += decision.predicted_cached_tokens
@@ -83,7 +86,7 @@ class DecisionLog:
             self.metrics.prefix_tokens.labels(kind="actual").inc(actual_cached_tokens)
 
     async def get(self, decision_id: str) -> dict[str, Any] | None:
-        raw = await self.redis.get(keys.decision(decision_id))
+        raw = await self.redis.get(contracts.decision(decision_id))
         return json.loads(raw) if raw is not None else None
 
     def reset_shadow(self) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import WorkerState
 from loragate.redis_retry import RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
 
@@ -79,14 +79,14 @@ class Fleet:
 
     async def _read(self) -> None:
         before = dict(self._delta)
-        names = [k async for k in self.redis.scan_iter(match=keys.WORKER_STATE_PATTERN, count=1000)]
+        names = [k async for k in self.redis.scan_iter(match=contracts.WORKER_STATE_PATTERN, count=1000)]
         views: dict[str, WorkerView] = {}
         if names:
             raw = await self.redis.mget(names)
             states = [WorkerState.from_json(v) for v in raw if v is not None]
             pipe = self.redis.pipeline(transaction=False)
             for s in states:
-                pipe.xlen(keys.queue(s.worker_id))
+                pipe.xlen(contracts.queue(s.worker_id))
             lengths = await pipe.execute()
             views = {s.worker_id: WorkerView(s, int(n)) for s, n in zip(states, lengths, strict=True)}
         # Changes made while the refresh awaited Redis may be missing from its lengths: keep applying them.

@@ -16,10 +16,10 @@ import time
 
 import redis.asyncio as aioredis
 
-from loragate import keys
+from loragate import contracts
+from loragate.contracts import KVEvent
 from loragate.redis_retry import Backoff, OutageLog, is_outage
 from loragate.redis_url import connect_async_single
-from policies.events import KVEvent
 from policies.prefix_index import PrefixIndex
 
 log = logging.getLogger("loragate.gateway")
@@ -44,7 +44,7 @@ class KVEventFollower:
         await self.redis.aclose()
 
     async def _discover(self) -> None:
-        async for raw in self.redis.scan_iter(match=keys.EVENTS_PATTERN, count=1000):
+        async for raw in self.redis.scan_iter(match=contracts.EVENTS_PATTERN, count=1000):
             key = raw.decode() if isinstance(raw, bytes) else raw
             self.last_ids.setdefault(key, "0")
 
@@ -62,10 +62,12 @@ class KVEventFollower:
                 reply = await self.redis.xread(dict(self.last_ids), count=1000, block=500)
                 for raw_key, entries in reply or []:
                     key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
-                    worker_id = key.removeprefix(f"{keys.PREFIX}:events:")
+                    worker_id = key.removeprefix(f"{contracts.PREFIX}:events:")
                     for entry_id, fields in entries:
                         self.last_ids[key] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                        self.index.apply_event(worker_id, KVEvent.from_json(fields[b"e"]))
+                        self.index.apply_event(
+                            worker_id, KVEvent.from_json(fields[contracts.EVENTS_FIELD_BYTES])
+                        )
                         self.applied += 1
             except asyncio.CancelledError:
                 raise

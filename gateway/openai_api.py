@@ -39,7 +39,7 @@ from gateway.relay import ClientGone, EventChannel
 from gateway.request_store import RequestStore, fingerprint
 from gateway.routing import AliasChoice, decision_attributes, route_request
 from gateway.sse import EventStreamResponse
-from loragate import keys
+from loragate import contracts
 from loragate.hashing import block_hashes
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.tracing import inject, span
@@ -160,7 +160,7 @@ class OpenAIRoutes:
                 }
             )
         rid = self._request_id(request, chat)  # the client's; inside loragate the tenant-scoped `qid`
-        qid = keys.scoped_request_id(tenant, rid)
+        qid = contracts.scoped_request_id(tenant, rid)
         adapter_key = target.adapter.key if target.adapter else None
         headers = {"x-request-id": rid}
         routed_to: str | None = None
@@ -176,7 +176,7 @@ class OpenAIRoutes:
             operation="chat" if chat else "text_completion",
         )
         self._fp = fp = fingerprint(msg)
-        ttl = int(ctx.settings.request_timeout_s) + keys.REQUEST_RECORD_GRACE_S
+        ttl = int(ctx.settings.request_timeout_s) + contracts.REQUEST_RECORD_GRACE_S
         self._store = store = RequestStore(ctx.redis, ttl)
         async with asyncio.timeout(redis_timeout):
             retry = "x-request-id" in request.headers and await store.exists(qid, fp)

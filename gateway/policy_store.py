@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
 
-from loragate import keys
+from loragate import contracts
 from loragate.redis_retry import Backoff, OutageLog, is_outage
 from loragate.redis_url import async_options
 
@@ -34,25 +34,25 @@ class PolicyStore:
         self.redis = r
 
     async def active_version(self) -> int | None:
-        raw = await self.redis.get(keys.POLICY_ACTIVE)
+        raw = await self.redis.get(contracts.POLICY_ACTIVE)
         return int(raw) if raw is not None else None
 
     async def get(self, version: int) -> dict[str, Any] | None:
-        raw = await self.redis.hget(keys.POLICY, str(version))
+        raw = await self.redis.hget(contracts.POLICY, str(version))
         return json.loads(raw) if raw is not None else None
 
     async def put(self, document: dict[str, Any], note: str = "") -> int:
-        version = int(await self.redis.incr(keys.POLICY_SEQ))
+        version = int(await self.redis.incr(contracts.POLICY_SEQ))
         entry = {"version": version, "document": document, "created_at": time.time(), "note": note}
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.POLICY, str(version), json.dumps(entry))
-        pipe.set(keys.POLICY_ACTIVE, version)
-        pipe.publish(keys.POLICY_CHANGED, "active")
+        pipe.hset(contracts.POLICY, str(version), json.dumps(entry))
+        pipe.set(contracts.POLICY_ACTIVE, version)
+        pipe.publish(contracts.POLICY_CHANGED, "active")
         await pipe.execute()
         return version
 
     async def history(self) -> list[dict[str, Any]]:
-        raw = await self.redis.hgetall(keys.POLICY)
+        raw = await self.redis.hgetall(contracts.POLICY)
         entries = [json.loads(v) for v in raw.values()]
         active = await self.active_version()
         out = [
@@ -73,15 +73,15 @@ class PolicyStore:
         return await self.put(entry["document"], note=f"rollback to version {version}")
 
     async def shadow(self) -> dict[str, Any] | None:
-        raw = await self.redis.get(keys.POLICY_SHADOW)
+        raw = await self.redis.get(contracts.POLICY_SHADOW)
         return json.loads(raw) if raw is not None else None
 
     async def set_shadow(self, document: dict[str, Any] | None) -> None:
         if document is None:
-            await self.redis.delete(keys.POLICY_SHADOW)
+            await self.redis.delete(contracts.POLICY_SHADOW)
         else:
-            await self.redis.set(keys.POLICY_SHADOW, json.dumps(document))
-        await self.redis.publish(keys.POLICY_CHANGED, "shadow")
+            await self.redis.set(contracts.POLICY_SHADOW, json.dumps(document))
+        await self.redis.publish(contracts.POLICY_CHANGED, "shadow")
 
 
 class PolicyHolder(Generic[P]):
@@ -134,7 +134,7 @@ class PolicyHolder(Generic[P]):
             while True:
                 pubsub = client.pubsub()
                 try:
-                    await pubsub.subscribe(keys.POLICY_CHANGED)
+                    await pubsub.subscribe(contracts.POLICY_CHANGED)
                     if outage.recovered() is not None:
                         backoff.reset()
                         await self._safe_reload()  # a change may have been published meanwhile

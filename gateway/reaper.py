@@ -23,7 +23,7 @@ import logging
 import redis.asyncio as aioredis
 
 from gateway.fleet import Fleet, WorkerView
-from loragate import keys, request_record
+from loragate import contracts, request_record
 from loragate.messages import QueuedRequest, streamed_so_far
 from loragate.redis_retry import Backoff, OutageLog, is_outage
 
@@ -81,9 +81,9 @@ class Reaper:
         if self.fleet.recovering:  # workers may still be re-announcing themselves
             return 0
         moved = 0
-        async for raw_key in self.redis.scan_iter(match=keys.QUEUE_PATTERN, count=1000):
+        async for raw_key in self.redis.scan_iter(match=contracts.QUEUE_PATTERN, count=1000):
             key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
-            if keys.worker_id_of_queue(key) not in self.fleet.workers:
+            if contracts.worker_id_of_queue(key) not in self.fleet.workers:
                 moved += await self._drain(key)
         self.rerouted += moved
         return moved
@@ -92,10 +92,12 @@ class Reaper:
         entries: list[tuple[bytes, dict[bytes, bytes]]] = []
         try:
             _, claimed, *_ = await self.redis.xautoclaim(
-                queue, keys.WORKER_GROUP, self.consumer, 0, "0-0", count=1000
+                queue, contracts.WORKER_GROUP, self.consumer, 0, "0-0", count=1000
             )
             entries.extend(claimed)
-            fresh = await self.redis.xreadgroup(keys.WORKER_GROUP, self.consumer, {queue: ">"}, count=1000)
+            fresh = await self.redis.xreadgroup(
+                contracts.WORKER_GROUP, self.consumer, {queue: ">"}, count=1000
+            )
         except aioredis.ResponseError as e:
             if "NOGROUP" in str(e):
                 return 0
@@ -106,20 +108,22 @@ class Reaper:
         for entry_id, fields in entries:
             if fields is None:  # deleted meanwhile
                 continue
-            if await self._reroute(queue, entry_id, QueuedRequest.from_json(fields[b"m"])):
+            if await self._reroute(
+                queue, entry_id, QueuedRequest.from_json(fields[contracts.QUEUE_FIELD_BYTES])
+            ):
                 moved += 1
         if not entries:
             # Atomically: only while the queue is empty and its worker still has no heartbeat (a starting
             # worker beats before it makes its queue).
-            state = keys.worker_state(keys.worker_id_of_queue(queue))
+            state = contracts.worker_state(contracts.worker_id_of_queue(queue))
             await self.redis.eval(_DELETE_IF_ABANDONED, 2, queue, state)
         return moved
 
     async def _reroute(self, queue: str, entry_id: bytes, msg: QueuedRequest) -> bool:
-        streamed, _, done = streamed_so_far(await self.redis.xrange(keys.output(msg.request_id)))
+        streamed, _, done = streamed_so_far(await self.redis.xrange(contracts.output(msg.request_id)))
         if done:  # only its ack was lost
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xack(queue, keys.WORKER_GROUP, entry_id)
+            pipe.xack(queue, contracts.WORKER_GROUP, entry_id)
             pipe.xdel(queue, entry_id)
             await pipe.execute()
             return False
@@ -127,7 +131,7 @@ class Reaper:
         if worker is None:
             return False  # no live worker for this model yet: retry next pass
         moved = dataclasses.replace(msg, attempt=msg.attempt + 1, resume_token_ids=tuple(streamed))
-        target = keys.queue(worker.state.worker_id)
+        target = contracts.queue(worker.state.worker_id)
         # One script: queue the copy, point the request's record at it, drop the old entry — only if the
         # old entry is still there, so a retried call (its reply lost) or another reaper adds no second copy.
         entry = await self.redis.eval(
@@ -135,10 +139,10 @@ class Reaper:
             3,
             queue,
             target,
-            keys.request_record(msg.request_id),
+            contracts.request_record(msg.request_id),
             entry_id,
             moved.to_json(),
-            keys.WORKER_GROUP,
+            contracts.WORKER_GROUP,
         )
         if entry is None:
             return False

@@ -34,7 +34,7 @@ from collections import deque
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import OutputEvent
 from loragate.redis_retry import OUTAGE_ERRORS, RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
 from loragate.redis_url import connect_async_single
@@ -166,7 +166,7 @@ class OutputMux:
         """Relay to `channel` again, from after its `last_id` (it was dropped after a last event).
         Without `pipe` the wake-up is awaited here; if that fails or is cancelled, the channel is not
         left subscribed."""
-        key = keys.output(request_id)
+        key = contracts.output(request_id)
         self.subs.setdefault(key, []).append(channel)
         self._wake.set()
         if self._blocked and not self._unblocking and self._reader_id is not None:
@@ -183,7 +183,7 @@ class OutputMux:
 
     def unsubscribe(self, request_id: str, channel: EventChannel) -> None:
         """Stop relaying to `channel` (other channels of the same request keep theirs)."""
-        key = keys.output(request_id)
+        key = contracts.output(request_id)
         channels = self.subs.get(key)
         if channels is not None and channel in channels:
             channels.remove(channel)
@@ -207,7 +207,7 @@ class OutputMux:
                 continue
             for raw_id, fields in entries:
                 entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-                event = OutputEvent.from_json(fields[b"e"])
+                event = OutputEvent.from_json(fields[contracts.OUTPUT_FIELD_BYTES])
                 position = _entry_id(entry_id) if len(channels) > 1 else None
                 for channel in list(channels):
                     if position is not None and position <= _entry_id(channel.last_id):
@@ -281,9 +281,9 @@ class OutputMux:
         if not missing:
             return []
         queued: set[str] = set()
-        async for queue in self._control.scan_iter(match=keys.QUEUE_PATTERN, count=1000):
+        async for queue in self._control.scan_iter(match=contracts.QUEUE_PATTERN, count=1000):
             for _, fields in await self._control.xrange(queue):
-                queued.add(keys.output(json.loads(fields[b"m"])["request_id"]))
+                queued.add(contracts.output(json.loads(fields[contracts.QUEUE_FIELD_BYTES])["request_id"]))
         return [key for key in missing if key not in queued]
 
 

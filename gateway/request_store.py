@@ -1,7 +1,7 @@
 """A request's identity and record in Redis: who owns an id, enqueue once, cancel, continue.
 
 Ids are scoped to tenants: the id a client sends (`X-Request-Id`) or is given names, inside loragate,
-the request `keys.scoped_request_id(tenant, id)`, which every Redis key, cancel message and the worker
+the request `contracts.scoped_request_id(tenant, id)`, which every Redis key, cancel message and the worker
 use. Two tenants that send the same id get two independent requests; no key can read, attach to or
 cancel another tenant's request, whatever id it sends.
 
@@ -32,9 +32,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from gateway.errors import APIError
-from loragate import keys
+from loragate import contracts
+from loragate.contracts import RECORD_ENTRY as ENTRY
+from loragate.contracts import RECORD_FP as FP
+from loragate.contracts import RECORD_QUEUE as QUEUE
 from loragate.messages import OutputEvent, QueuedRequest, shallow_dict
-from loragate.request_record import ENTRY, FP, QUEUE
 
 # A request is live while its output stream exists (it runs or ran; kept a while after its end) or its
 # queue entry does (queued, or held by a worker: a worker deletes the entry when the request ends). A
@@ -66,7 +68,7 @@ _ENQUEUE = (
 if live(KEYS[1], KEYS[2]) then
     return false
 end
-local entry = redis.call('XADD', KEYS[3], '*', 'm', ARGV[1])
+local entry = redis.call('XADD', KEYS[3], '*', '{contracts.QUEUE_FIELD}', ARGV[1])
 redis.call('HSET', KEYS[1], '{FP}', ARGV[2], '{QUEUE}', KEYS[3], '{ENTRY}', entry)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return entry
@@ -79,7 +81,7 @@ local entry = redis.call('HGET', KEYS[1], '{ENTRY}')
 if queue and entry then
     local ok, pending = pcall(redis.call, 'XPENDING', queue, ARGV[4], entry, entry, 1)
     if ok and #pending == 0 and redis.call('XDEL', queue, entry) == 1 then
-        redis.call('XADD', KEYS[2], '*', 'e', ARGV[2])
+        redis.call('XADD', KEYS[2], '*', '{contracts.OUTPUT_FIELD}', ARGV[2])
         redis.call('EXPIRE', KEYS[2], ARGV[3])
         return 1
     end
@@ -94,7 +96,7 @@ if #last == 0 or last[1][1] ~= ARGV[1] then
     return false
 end
 redis.call('XDEL', KEYS[2], ARGV[1])
-local entry = redis.call('XADD', KEYS[3], '*', 'm', ARGV[2])
+local entry = redis.call('XADD', KEYS[3], '*', '{contracts.QUEUE_FIELD}', ARGV[2])
 redis.call('HSET', KEYS[1], '{FP}', ARGV[3], '{QUEUE}', KEYS[3], '{ENTRY}', entry)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return entry
@@ -121,7 +123,9 @@ class RequestStore:
         """Whether the request is live (queued, running, or its output still kept): a retry attaches to
         it. 409 when it was made, with this id, for something else."""
         known = _text(
-            await self.redis.eval(_LOOKUP, 2, keys.request_record(request_id), keys.output(request_id))
+            await self.redis.eval(
+                _LOOKUP, 2, contracts.request_record(request_id), contracts.output(request_id)
+            )
         )
         if known is None:
             return False
@@ -139,7 +143,7 @@ class RequestStore:
         """Queue `msg` on `pipe` unless the request exists already; the pipeline's reply for this command
         is the queue entry id, or None when the request was there first (attach to it)."""
         rid = msg.request_id
-        keys_ = (keys.request_record(rid), keys.output(rid), keys.queue(worker_id))
+        keys_ = (contracts.request_record(rid), contracts.output(rid), contracts.queue(worker_id))
         pipe.eval(_ENQUEUE, 3, *keys_, msg.to_json(), fp, self.ttl_s)
 
     async def cancel(self, request_id: str) -> bool:
@@ -148,13 +152,13 @@ class RequestStore:
         dropped = await self.redis.eval(
             _CANCEL,
             2,
-            keys.request_record(request_id),
-            keys.output(request_id),
+            contracts.request_record(request_id),
+            contracts.output(request_id),
             request_id,
             ABORTED,
-            keys.OUTPUT_TTL_S,
-            keys.WORKER_GROUP,
-            keys.CANCEL,
+            contracts.OUTPUT_TTL_S,
+            contracts.WORKER_GROUP,
+            contracts.CANCEL,
         )
         return bool(dropped)
 
@@ -165,9 +169,9 @@ class RequestStore:
         entry = await self.redis.eval(
             _REVIVE,
             3,
-            keys.request_record(rid),
-            keys.output(rid),
-            keys.queue(worker_id),
+            contracts.request_record(rid),
+            contracts.output(rid),
+            contracts.queue(worker_id),
             abort_entry,
             msg.to_json(),
             fp,

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from gateway.tokenize import load_tokenizer
 from loadtest.procs import BenchError
 from loadtest.sse_client import SSEClient
-from loragate import keys
+from loragate import contracts
 from loragate.types import Request, SamplingParams
 from worker.engine import LLMEngine
 
@@ -220,9 +220,9 @@ def measure_stages(base: str, key: str, url: str, model: str, texts: list[str], 
             return next((t for t, c in seen if c.startswith(prefix) and rid in c), None)
 
         # Keys carry the tenant-scoped id (`{tenant tag}/{rid}`): match the command and the client's id.
-        exists = at(f"EXISTS {keys.output('')}")
-        enqueued = at(f"XADD {keys.queue('')}")  # in the enqueue script (MONITOR shows its commands)
-        first_event = at(f"XADD {keys.output('')}")
+        exists = at(f"EXISTS {contracts.output('')}")
+        enqueued = at(f"XADD {contracts.queue('')}")  # in the enqueue script (MONITOR shows its commands)
+        first_event = at(f"XADD {contracts.output('')}")
         marks = [sent, exists, enqueued, first_event, first_chunk]
         if all(m is not None for m in marks):
             points = [float(m) for m in marks if m is not None]

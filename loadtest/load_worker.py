@@ -35,13 +35,12 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_so_far
 from loragate.redis_url import connect_async
 
 log = logging.getLogger("loragate.loadtest")
 
-HEARTBEAT_S = 1.0  # the real worker's interval (worker.heartbeat, which imports torch)
 FAKE_KV_BLOCKS = 1 << 20  # a load worker holds no KV cache; announce plenty so no policy avoids it
 
 
@@ -112,7 +111,7 @@ class LoadWorker:
 
     def __init__(self, r: aioredis.Redis, config: LoadWorkerConfig):
         self.redis, self.config = r, config
-        self.queue = keys.queue(config.worker_id)
+        self.queue = contracts.queue(config.worker_id)
         self.max_model_len = max_model_len_of(config.model_dir)
         self.active: dict[str, _Sequence] = {}
         self.stats = LoadWorkerStats()
@@ -127,7 +126,7 @@ class LoadWorker:
     async def run(self) -> None:
         """Serve until `drain()`; then finish the running sequences and remove the heartbeat."""
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(keys.CANCEL)
+        await pubsub.subscribe(contracts.CANCEL)
         await self.heartbeat()
         await self._create_group()  # after the first beat, as the real worker (see gateway.reaper)
         helpers = [
@@ -146,7 +145,7 @@ class LoadWorker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await pubsub.aclose()
-            await self.redis.delete(keys.worker_state(self.config.worker_id))
+            await self.redis.delete(contracts.worker_state(self.config.worker_id))
 
     def drain(self) -> None:
         self._draining.set()
@@ -154,7 +153,7 @@ class LoadWorker:
 
     async def _create_group(self) -> None:
         try:
-            await self.redis.xgroup_create(self.queue, keys.WORKER_GROUP, id="0", mkstream=True)
+            await self.redis.xgroup_create(self.queue, contracts.WORKER_GROUP, id="0", mkstream=True)
         except aioredis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
@@ -180,7 +179,7 @@ class LoadWorker:
 
     async def _admit(self, pending: bool) -> None:
         reply = await self.redis.xreadgroup(
-            keys.WORKER_GROUP,
+            contracts.WORKER_GROUP,
             self.config.worker_id,
             {self.queue: "0" if pending else ">"},
             count=None if pending else self._room(),
@@ -189,12 +188,12 @@ class LoadWorker:
         entries = [(eid.decode(), fields) for _, items in reply or [] for eid, fields in items]
         if not entries:
             return
-        messages = [QueuedRequest.from_json(fields[b"m"]) for _, fields in entries]
+        messages = [QueuedRequest.from_json(fields[contracts.QUEUE_FIELD_BYTES]) for _, fields in entries]
         # As the real worker: output can already exist only after a restart or a re-route.
         resumable = [m for m in messages if pending or m.attempt > 0]
         pipe = self.redis.pipeline(transaction=False)
         for msg in resumable:
-            pipe.xrange(keys.output(msg.request_id))
+            pipe.xrange(contracts.output(msg.request_id))
         found = dict(zip((m.request_id for m in resumable), await pipe.execute(), strict=True))
         histories = [found.get(m.request_id, []) for m in messages]
         for (entry_id, _), msg, history in zip(entries, messages, histories, strict=True):
@@ -211,8 +210,8 @@ class LoadWorker:
         if msg.deadline and time.time() > msg.deadline:
             error = {"message": "the request's deadline passed while it was queued", "type": "timeout"}
             event = OutputEvent(worker_id=self.config.worker_id, error={**error, "code": None, "status": 504})
-            await self.redis.xadd(keys.output(msg.request_id), {"e": event.to_json()})
-            await self.redis.expire(keys.output(msg.request_id), keys.OUTPUT_TTL_S)
+            await self.redis.xadd(contracts.output(msg.request_id), {contracts.OUTPUT_FIELD: event.to_json()})
+            await self.redis.expire(contracts.output(msg.request_id), contracts.OUTPUT_TTL_S)
             await self._ack([entry_id])
             return
         resumed = len(streamed) or len(msg.resume_token_ids)
@@ -253,9 +252,9 @@ class LoadWorker:
         finished: list[_Sequence] = []
         for seq in due:
             event = seq.next_event(self.config.worker_id)
-            key = keys.output(seq.message.request_id)
-            pipe.xadd(key, {"e": event.to_json()})
-            pipe.expire(key, keys.OUTPUT_TTL_S)
+            key = contracts.output(seq.message.request_id)
+            pipe.xadd(key, {contracts.OUTPUT_FIELD: event.to_json()})
+            pipe.expire(key, contracts.OUTPUT_TTL_S)
             self.stats.tokens += len(event.token_ids)
             if seq.finished:
                 finished.append(seq)
@@ -271,7 +270,7 @@ class LoadWorker:
     async def _ack(self, entry_ids: list[str]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         for entry_id in entry_ids:
-            pipe.xack(self.queue, keys.WORKER_GROUP, entry_id)
+            pipe.xack(self.queue, contracts.WORKER_GROUP, entry_id)
             pipe.xdel(self.queue, entry_id)
         await pipe.execute()
 
@@ -305,14 +304,14 @@ class LoadWorker:
         )
 
     async def heartbeat(self) -> None:
-        key = keys.worker_state(self.config.worker_id)
+        key = contracts.worker_state(self.config.worker_id)
         # Waiting, as a real worker reports it: requests it holds but does not run (here: still unread).
         waiting = max(0, await self.redis.xlen(self.queue) - len(self.active))
-        await self.redis.set(key, self.state(waiting).to_json(), ex=keys.HEARTBEAT_TTL_S)
+        await self.redis.set(key, self.state(waiting).to_json(), ex=contracts.HEARTBEAT_TTL_S)
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(contracts.HEARTBEAT_S)
             try:
                 await self.heartbeat()
             except aioredis.RedisError:

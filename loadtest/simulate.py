@@ -44,9 +44,9 @@ from loadtest.sim_oracle import belady_hit_rate, lru_hit_rate
 from loadtest.sim_report import Oracles, ProfileResult, plot, report, table
 from loadtest.sim_worker import EngineModel, SimWorker
 from loadtest.sim_workload import BASE_MODEL, BLOCK_SIZE, SimRequest, SimWorkloadSpec, make_sim_workload
+from loragate.contracts import EventType, KVEvent
 from policies.default_policy import DEFAULT_POLICY
 from policies.document import load_policy_file, parse_policy
-from policies.events import EventType, KVEvent
 from policies.prefix_index import PrefixIndex
 from policies.types import Candidate, RouteDecision, RouteRequest
 

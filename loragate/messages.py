@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, cast
 
+from loragate import contracts
 from loragate.types import SamplingParams
 
 
@@ -174,7 +175,7 @@ def streamed_so_far(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> tuple[li
     texts: list[str] = []
     done = False
     for _, fields in entries:
-        event = OutputEvent.from_json(fields[b"e"])
+        event = OutputEvent.from_json(fields[contracts.OUTPUT_FIELD_BYTES])
         ids.extend(event.token_ids)
         texts.append(event.text)
         done = done or event.is_last

@@ -1,4 +1,4 @@
-"""Where a request's queue entry is: the fields of its record `lg:req:{id}` (`keys.request_record`), and
+"""Where a request's queue entry is: the fields of its record `lg:req:{id}` (`contracts.request_record`), and
 the scripts that move an entry and point the record at the new one in the same atomic step.
 
 The gateway writes the record with the request's first queue entry (`gateway.request_store`); a retry
@@ -10,7 +10,9 @@ the worker need not import the gateway.
 
 from __future__ import annotations
 
-FP, QUEUE, ENTRY = "fp", "queue", "entry"  # the record's fields: fingerprint, queue key, entry id
+from loragate.contracts import QUEUE_FIELD
+from loragate.contracts import RECORD_ENTRY as ENTRY
+from loragate.contracts import RECORD_QUEUE as QUEUE
 
 # point(record, queue, entry): the record (if there is one: requests queued by hand have none) names it.
 _POINT = f"""
@@ -25,8 +27,8 @@ end
 # re-queue transaction (`worker.ledger.restore_entries`).
 REQUEUE = (
     _POINT
-    + """
-local entry = redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
+    + f"""
+local entry = redis.call('XADD', KEYS[1], '*', '{QUEUE_FIELD}', ARGV[1])
 point(KEYS[2], KEYS[1], entry)
 return entry
 """
@@ -37,11 +39,11 @@ return entry
 # gateways' reapers) queues one copy; returns the new entry id, or false if it was gone.
 MOVE = (
     _POINT
-    + """
+    + f"""
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
     return false
 end
-local entry = redis.call('XADD', KEYS[2], '*', 'm', ARGV[2])
+local entry = redis.call('XADD', KEYS[2], '*', '{QUEUE_FIELD}', ARGV[2])
 point(KEYS[3], KEYS[2], entry)
 redis.call('XACK', KEYS[1], ARGV[3], ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])

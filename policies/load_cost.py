@@ -6,15 +6,15 @@ Shared by the `adapter` and `cost` scorers, so both read the same three paramete
     host_s: seconds to copy it from host memory into a device slot (default 0.005).
     disk_s: seconds to read it from disk (or the registry's URI) and copy it in (default 0.05).
 
-A request without an adapter (`Tier.NONE`) costs nothing.
+A request without an adapter (`AdapterTier.NONE`) costs nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loragate.contracts import AdapterTier
 from policies.framework import Plugin
-from policies.types import Tier
 
 PARAMETER_NAMES = frozenset({"device_s", "host_s", "disk_s"})
 
@@ -35,10 +35,10 @@ class AdapterLoadCost:
             plugin.param("disk_s", default.disk_s, lo=0),
         )
 
-    def seconds(self, tier: Tier) -> float:
+    def seconds(self, tier: AdapterTier) -> float:
         return {
-            Tier.NONE: 0.0,
-            Tier.DEVICE: self.device_s,
-            Tier.HOST: self.host_s,
-            Tier.DISK: self.disk_s,
+            AdapterTier.NONE: 0.0,
+            AdapterTier.DEVICE: self.device_s,
+            AdapterTier.HOST: self.host_s,
+            AdapterTier.DISK: self.disk_s,
         }[tier]

@@ -7,7 +7,7 @@ block, under one adapter. So the number of prompt tokens a worker can take from 
 
 Two ways to feed it, usable together:
 
-* precise: `apply_event(worker_id, event)` with the worker's KV events (`policies.events`, read from
+* precise: `apply_event(worker_id, event)` with the worker's KV events (`loragate.contracts.KVEvent`, read from
   `lg:events:{worker_id}`): `stored` adds blocks, `evicted` removes them, `cleared` drops the worker's
   blocks and adapters; `adapter_loaded`/`adapter_evicted` keep each adapter's latest tier on the worker.
 * approximate (events off): `record_routed(worker_id, hashes)` after each routing decision — what was
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from policies.events import EventType, KVEvent
+from loragate.contracts import EventType, KVEvent
 
 
 class PrefixIndex:

@@ -8,16 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from loragate.contracts import AdapterTier
 from loragate.messages import WorkerState
-
-
-class Tier(StrEnum):
-    """Where a worker holds the request's adapter; NONE when the request has no adapter."""
-
-    NONE = "none"
-    DEVICE = "device"
-    HOST = "host"
-    DISK = "disk"
 
 
 class Outcome(StrEnum):
@@ -61,12 +53,12 @@ class Candidate:
     def worker_id(self) -> str:
         return self.state.worker_id
 
-    def tier(self, adapter: str | None) -> Tier:
+    def tier(self, adapter: str | None) -> AdapterTier:
         if adapter is None:
-            return Tier.NONE
+            return AdapterTier.NONE
         if adapter in self.state.adapters_device:
-            return Tier.DEVICE
-        return Tier.HOST if adapter in self.state.adapters_host else Tier.DISK
+            return AdapterTier.DEVICE
+        return AdapterTier.HOST if adapter in self.state.adapters_host else AdapterTier.DISK
 
 
 @dataclass(frozen=True)
@@ -79,5 +71,5 @@ class RouteDecision:
     scores: dict[str, dict[str, float]] = field(default_factory=dict)  # scorer -> worker -> score
     totals: dict[str, float] = field(default_factory=dict)  # worker -> weighted total
     predicted_cached_tokens: int = 0
-    adapter_tier: Tier = Tier.NONE
+    adapter_tier: AdapterTier = AdapterTier.NONE
     candidates: tuple[str, ...] = ()

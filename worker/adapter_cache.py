@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from loragate.contracts import AdapterTier
 from worker.config import ModelConfig
 from worker.device import is_cuda
 from worker.lora import AdapterError, LoRAWeights, load_adapter
@@ -65,7 +66,7 @@ class AdapterCache:
             for module, (fan_in, fan_out) in cfg.module_shapes().items()
         }
         self.host_ranks = {module: [0] * num_slots for module in self.stacks}  # stack.ranks, host copy
-        self.tier_events: list[tuple[str, str]] = []  # (adapter, new tier) since the last drain
+        self.tier_events: list[tuple[str, AdapterTier]] = []  # (adapter, new tier) since the last drain
         self.disk_reads = 0  # host-tier misses: adapter read from disk
         self.device_loads = 0  # slot writes: adapter copied from host into a device slot
         self.device_evictions = 0  # adapters dropped from a device slot
@@ -81,10 +82,10 @@ class AdapterCache:
         return name in self.paths
 
     # -- tiers ----------------------------------------------------------------------------------
-    def tier(self, name: str) -> str:
+    def tier(self, name: str) -> AdapterTier:
         if name in self.device_lru:
-            return "device"
-        return "host" if name in self.host else "disk"
+            return AdapterTier.DEVICE
+        return AdapterTier.HOST if name in self.host else AdapterTier.DISK
 
     def ensure_host(self, name: str) -> LoRAWeights:
         """The adapter's weights in host memory, read (and validated) from disk on a miss."""
@@ -100,14 +101,14 @@ class AdapterCache:
             weights = pinned(weights)
         self.disk_reads += 1
         self.host[name] = weights
-        self.tier_events.append((name, "host"))
+        self.tier_events.append((name, AdapterTier.HOST))
         while sum(w.nbytes for w in self.host.values()) > self.host_bytes and len(self.host) > 1:
             victim = next((n for n in self.host if n not in self.pinned and n != name), None)
             if victim is None:
                 break
             del self.host[victim]
             self.host_evictions += 1
-            self.tier_events.append((victim, "device" if victim in self.device_lru else "disk"))
+            self.tier_events.append((victim, self.tier(victim)))
         return weights
 
     # -- device slots ---------------------------------------------------------------------------
@@ -131,7 +132,7 @@ class AdapterCache:
         for name, slot in plan.evict:
             del self.device_lru[name]
             self.device_evictions += 1
-            self.tier_events.append((name, "host" if name in self.host else "disk"))
+            self.tier_events.append((name, self.tier(name)))
             for module, stack in self.stacks.items():
                 stack.ranks[slot] = 0
                 self.host_ranks[module][slot] = 0
@@ -139,7 +140,7 @@ class AdapterCache:
             self.device_loads += 1
             self._write_slot(self.ensure_host(name), slot)
             self.device_lru[name] = slot
-            self.tier_events.append((name, "device"))
+            self.tier_events.append((name, AdapterTier.DEVICE))
 
     def acquire(self, needed: Iterable[str]) -> dict[str, int]:
         """Make every needed adapter device-resident; returns name -> slot and refreshes their LRU age."""

@@ -20,7 +20,7 @@ import time
 
 import redis
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import WorkerState
 from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog
 from worker.device import dtype_name
@@ -28,7 +28,6 @@ from worker.engine import LLMEngine
 
 log = logging.getLogger("loragate.worker")
 
-HEARTBEAT_S = 1.0
 STALE_AFTER_S = 60.0  # no snapshot from the engine loop for this long: a wedged engine, stop beating
 
 
@@ -37,8 +36,8 @@ class Heartbeat:
         self,
         r: redis.Redis,
         worker_id: str,
-        interval_s: float = HEARTBEAT_S,
-        ttl_s: float = keys.HEARTBEAT_TTL_S,
+        interval_s: float = contracts.HEARTBEAT_S,
+        ttl_s: float = contracts.HEARTBEAT_TTL_S,
         stale_after_s: float = STALE_AFTER_S,
     ):
         self.redis, self.worker_id = r, worker_id
@@ -69,7 +68,7 @@ class Heartbeat:
         """Stop beating and delete the heartbeat (gateways re-route what is still queued)."""
         self.stop()
         try:
-            self.redis.delete(keys.worker_state(self.worker_id))
+            self.redis.delete(contracts.worker_state(self.worker_id))
         except OUTAGE_ERRORS as e:  # it expires by itself within the TTL
             log.warning("could not remove the heartbeat of %s: %r", self.worker_id, e)
 
@@ -83,11 +82,11 @@ class Heartbeat:
             seen = json.dumps({"model_dir": state.model_dir, "max_model_len": state.max_model_len, "at": now})
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(
-                keys.worker_state(self.worker_id),
+                contracts.worker_state(self.worker_id),
                 dataclasses.replace(state, updated_at=now).to_json(),
                 px=int(self.ttl_s * 1000),
             )
-            pipe.hset(keys.MODELS, state.model, seen)
+            pipe.hset(contracts.MODELS, state.model, seen)
             pipe.execute()
             self.beats += 1
             return True

@@ -13,19 +13,19 @@ import time
 import redis
 from redis.client import Pipeline
 
-from loragate import keys
-from policies.events import EventType, KVEvent
+from loragate import contracts
+from loragate.contracts import AdapterTier, EventType, KVEvent
 from worker.engine import LLMEngine
 
 STORED_CHUNK = 4096  # hashes per "stored" event of a snapshot
-_RANK = {"device": 2, "host": 1, "disk": 0}
+_RANK = {AdapterTier.DEVICE: 2, AdapterTier.HOST: 1, AdapterTier.DISK: 0}
 
 
 class KVEventLog:
     def __init__(self, worker_id: str):
-        self.key = keys.events(worker_id)
+        self.key = contracts.events(worker_id)
         self.deferred: list[KVEvent] = []  # the last step's, sent with the next step's outputs
-        self._tiers: dict[str, str] = {}  # each adapter's tier as last reported
+        self._tiers: dict[str, AdapterTier] = {}  # each adapter's tier as last reported
 
     def collect(self, engine: LLMEngine) -> list[KVEvent]:
         now = time.time()
@@ -36,7 +36,7 @@ class KVEventLog:
             if h
         ]
         for name, tier in engine.adapters.tier_events:
-            moved_up = _RANK[tier] >= _RANK.get(self._tiers.get(name, "disk"), 0)
+            moved_up = _RANK[tier] >= _RANK[self._tiers.get(name, AdapterTier.DISK)]
             kind = EventType.ADAPTER_LOADED if moved_up else EventType.ADAPTER_EVICTED
             events.append(KVEvent(kind, adapter=name, tier=tier, ts=now))
             self._tiers[name] = tier
@@ -54,14 +54,19 @@ class KVEventLog:
             events.append(KVEvent(EventType.STORED, hashes=tuple(hashes[i : i + STORED_CHUNK]), ts=now))
         device = list(engine.adapters.device_lru)
         host = [name for name in engine.adapters.host if name not in device]
-        for names, tier in ((host, "host"), (device, "device")):
+        for names, tier in ((host, AdapterTier.HOST), (device, AdapterTier.DEVICE)):
             for name in names:
                 events.append(KVEvent(EventType.ADAPTER_LOADED, adapter=name, tier=tier, ts=now))
         return events
 
     def add(self, pipe: Pipeline, events: list[KVEvent]) -> None:
         for event in events:
-            pipe.xadd(self.key, {"e": event.to_json()}, maxlen=keys.EVENTS_MAXLEN, approximate=True)
+            pipe.xadd(
+                self.key,
+                {contracts.EVENTS_FIELD: event.to_json()},
+                maxlen=contracts.EVENTS_MAXLEN,
+                approximate=True,
+            )
 
     def emit(self, r: redis.Redis, events: list[KVEvent]) -> None:
         if events:

@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from loragate import keys, request_record
+from loragate import contracts, request_record
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import RequestOutput
 from worker.tracing_spans import RequestTimeline
@@ -54,7 +54,7 @@ class Held:
 
 class Ledger:
     def __init__(self, r: redis.Redis, worker_id: str):
-        self.redis, self.worker_id, self.queue = r, worker_id, keys.queue(worker_id)
+        self.redis, self.worker_id, self.queue = r, worker_id, contracts.queue(worker_id)
         self.active: dict[str, Held] = {}
         self.recent: dict[str, Held] = {}
 
@@ -127,7 +127,7 @@ class Ledger:
         if copies:
             pipe = self.redis.pipeline(transaction=False)
             for entry_id in copies:
-                pipe.xack(self.queue, keys.WORKER_GROUP, entry_id)
+                pipe.xack(self.queue, contracts.WORKER_GROUP, entry_id)
                 pipe.xdel(self.queue, entry_id)
             pipe.execute()
             log.warning("dropped %d old queue entries of requests queued again", len(copies))
@@ -145,8 +145,8 @@ class Ledger:
         if writes:
             pipe = self.redis.pipeline(transaction=False)
             for rid, event in writes:
-                pipe.xadd(keys.output(rid), {"e": event.to_json()})
-                pipe.expire(keys.output(rid), keys.OUTPUT_TTL_S)
+                pipe.xadd(contracts.output(rid), {contracts.OUTPUT_FIELD: event.to_json()})
+                pipe.expire(contracts.output(rid), contracts.OUTPUT_TTL_S)
             pipe.execute()
             log.warning("wrote again %d output events that had not reached Redis", len(writes))
         return len(writes)
@@ -159,7 +159,7 @@ class Ledger:
         if acks:
             pipe = self.redis.pipeline(transaction=False)
             for h in acks:
-                pipe.xack(self.queue, keys.WORKER_GROUP, h.entry_id)
+                pipe.xack(self.queue, contracts.WORKER_GROUP, h.entry_id)
                 pipe.xdel(self.queue, h.entry_id)
             pipe.execute()
         return [self.retire(h.message.request_id) for h in done]
@@ -180,15 +180,18 @@ def last_events(r: redis.Redis, request_ids: list[str]) -> list[OutputEvent | No
         return []
     pipe = r.pipeline(transaction=False)
     for rid in request_ids:
-        pipe.xrevrange(keys.output(rid), count=1)
-    return [OutputEvent.from_json(got[0][1][b"e"]) if got else None for got in pipe.execute()]
+        pipe.xrevrange(contracts.output(rid), count=1)
+    return [
+        OutputEvent.from_json(got[0][1][contracts.OUTPUT_FIELD_BYTES]) if got else None
+        for got in pipe.execute()
+    ]
 
 
 def owned_entries(r: redis.Redis, queue: str, consumer: str, entries: Mapping[str, str]) -> set[str]:
     """Which of `entries` (request id → queue entry id) are pending on `consumer`, in one round trip."""
     pipe = r.pipeline(transaction=False)
     for entry_id in entries.values():
-        pipe.xpending_range(queue, keys.WORKER_GROUP, entry_id, entry_id, 1, consumername=consumer)
+        pipe.xpending_range(queue, contracts.WORKER_GROUP, entry_id, entry_id, 1, consumername=consumer)
     replies = pipe.execute(raise_on_error=False)
     return {rid for rid, reply in zip(entries, replies, strict=True) if isinstance(reply, list) and reply}
 
@@ -203,8 +206,8 @@ def restore_entries(
     pipe = r.pipeline(transaction=True)
     messages = list(messages)
     for msg in messages:
-        pipe.eval(request_record.REQUEUE, 2, queue, keys.request_record(msg.request_id), msg.to_json())
-    pipe.xreadgroup(keys.WORKER_GROUP, consumer, {queue: ">"})
+        pipe.eval(request_record.REQUEUE, 2, queue, contracts.request_record(msg.request_id), msg.to_json())
+    pipe.xreadgroup(contracts.WORKER_GROUP, consumer, {queue: ">"})
     *added, reply = pipe.execute()
     ours = {_text(a): m.request_id for a, m in zip(added, messages, strict=True)}
     ids = {rid: entry_id for entry_id, rid in ours.items()}
@@ -218,7 +221,7 @@ def read_entries(reply: Any) -> list[tuple[str, QueuedRequest]]:
     for _, entries in reply or []:
         for raw_id, fields in entries:
             if fields:
-                out.append((_text(raw_id), QueuedRequest.from_json(fields[b"m"])))
+                out.append((_text(raw_id), QueuedRequest.from_json(fields[contracts.QUEUE_FIELD_BYTES])))
     return out
 
 

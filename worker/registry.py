@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import AdapterRecord
 from worker.engine import LLMEngine
 from worker.lora import AdapterError
@@ -35,7 +35,7 @@ class AdapterRegistry:
             record = AdapterRecord(
                 name=sub.name, base=self.base, path=str(sub.resolve()), pinned=sub.name in pin
             )
-            if self.redis.hsetnx(keys.ADAPTERS, record.key, record.to_json()):
+            if self.redis.hsetnx(contracts.ADAPTERS, record.key, record.to_json()):
                 added.append(record.key)
         return added
 
@@ -44,13 +44,13 @@ class AdapterRegistry:
         if known:
             pipe = self.redis.pipeline(transaction=False)
             for rec in known:
-                pipe.hsetnx(keys.ADAPTERS, rec.key, rec.to_json())
+                pipe.hsetnx(contracts.ADAPTERS, rec.key, rec.to_json())
             pipe.execute()
         if self.directory is not None:
             self.publish_directory(*self.directory)
 
     def sync(self, engine: LLMEngine) -> None:
-        raw = self.redis.hgetall(keys.ADAPTERS)
+        raw = self.redis.hgetall(contracts.ADAPTERS)
         self.records = {k.decode(): AdapterRecord.from_json(v) for k, v in raw.items()}
         pinned = {k for k, rec in self.records.items() if rec.pinned and rec.base == self.base}
         for key in pinned - self.pinned:
@@ -66,7 +66,7 @@ class AdapterRegistry:
         """Make `key` known to the engine (from the registry); returns the engine's adapter name."""
         record = self.records.get(key)
         if record is None:
-            raw = self.redis.hget(keys.ADAPTERS, key)
+            raw = self.redis.hget(contracts.ADAPTERS, key)
             if raw is None:
                 raise AdapterError(f"adapter {key!r} is not registered")
             record = self.records[key] = AdapterRecord.from_json(raw)

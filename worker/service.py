@@ -33,7 +33,7 @@ import redis
 from opentelemetry.trace import Tracer
 from redis.client import PubSub
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState, streamed_so_far
 from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog, ServerGuard, server_run_id
 from loragate.types import Request, RequestOutput
@@ -53,7 +53,7 @@ SNAPSHOT_S = 0.2  # how often the engine loop hands the heartbeat a fresh state
 
 def already_streamed(r: redis.Redis, request_id: str) -> tuple[list[int], str, bool]:
     """Tokens and text a request's output stream already holds, and whether its last event was written."""
-    return streamed_so_far(r.xrange(keys.output(request_id)))
+    return streamed_so_far(r.xrange(contracts.output(request_id)))
 
 
 class WorkerService:
@@ -75,7 +75,7 @@ class WorkerService:
         self.tracer = tracer
         self.registry = registry
         self.max_waiting = max_waiting
-        self.queue = keys.queue(worker_id)
+        self.queue = contracts.queue(worker_id)
         self.ledger = Ledger(r, worker_id)
         self.heartbeat = heartbeat or Heartbeat(r, worker_id)
         self.kv_events = KVEventLog(worker_id)
@@ -96,7 +96,7 @@ class WorkerService:
         gateway's reaper deletes an empty queue whose worker has no heartbeat, and must not take ours for a
         dead worker's."""
         try:
-            self.redis.xgroup_create(self.queue, keys.WORKER_GROUP, id="0", mkstream=True)
+            self.redis.xgroup_create(self.queue, contracts.WORKER_GROUP, id="0", mkstream=True)
             return True
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
@@ -184,7 +184,7 @@ class WorkerService:
             with contextlib.suppress(*OUTAGE_ERRORS):
                 self._pubsub.close()
         self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(keys.CANCEL)
+        self._pubsub.subscribe(contracts.CANCEL)
         dropped, others = self.ledger.reclaim(lost=restarted or lost_group)
         for rid in dropped:
             self.engine.abort(rid)  # its abort output is no longer ours: the ledger ignores it
@@ -214,7 +214,7 @@ class WorkerService:
         block = block_ms if block_ms > 0 and not pending else None  # BLOCK 0 would wait forever
         try:
             reply = self.redis.xreadgroup(
-                keys.WORKER_GROUP,
+                contracts.WORKER_GROUP,
                 self.worker_id,
                 {self.queue: "0" if pending else ">"},
                 count=None if pending else self._room(),
@@ -286,13 +286,13 @@ class WorkerService:
         event = OutputEvent(
             worker_id=self.worker_id, error={"message": message, "type": kind, "code": None, "status": status}
         )
-        self.redis.xadd(keys.output(msg.request_id), {"e": event.to_json()})
-        self.redis.expire(keys.output(msg.request_id), keys.OUTPUT_TTL_S)
+        self.redis.xadd(contracts.output(msg.request_id), {contracts.OUTPUT_FIELD: event.to_json()})
+        self.redis.expire(contracts.output(msg.request_id), contracts.OUTPUT_TTL_S)
         self._ack(entry_id)
 
     def _ack(self, entry_id: str) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.xack(self.queue, keys.WORKER_GROUP, entry_id)
+        pipe.xack(self.queue, contracts.WORKER_GROUP, entry_id)
         pipe.xdel(self.queue, entry_id)
         pipe.execute()
 
@@ -307,12 +307,12 @@ class WorkerService:
         finished = []
         for out in outputs:
             if (event := self.ledger.record(out)) is not None:
-                pipe.xadd(keys.output(out.request_id), {"e": event.to_json()})
-                pipe.expire(keys.output(out.request_id), keys.OUTPUT_TTL_S)
+                pipe.xadd(contracts.output(out.request_id), {contracts.OUTPUT_FIELD: event.to_json()})
+                pipe.expire(contracts.output(out.request_id), contracts.OUTPUT_TTL_S)
                 if event.is_last:
                     finished.append(out.request_id)
         for rid in finished:
-            pipe.xack(self.queue, keys.WORKER_GROUP, self.active[rid].entry_id)
+            pipe.xack(self.queue, contracts.WORKER_GROUP, self.active[rid].entry_id)
             pipe.xdel(self.queue, self.active[rid].entry_id)
         # A step's KV events go out with the next step's outputs (or when the engine idles), so the
         # first token of a new request does not share its write, and the routers' reads, with them.
@@ -321,7 +321,7 @@ class WorkerService:
         polling = not self.draining.is_set() and self._room() > 0
         if polling:
             pipe.xreadgroup(
-                keys.WORKER_GROUP, self.worker_id, {self.queue: ">"}, count=self._room(), block=None
+                contracts.WORKER_GROUP, self.worker_id, {self.queue: ">"}, count=self._room(), block=None
             )
         replies = pipe.execute(raise_on_error=False)
         for reply in replies[:-1] if polling else replies:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.trace import Tracer, set_span_in_context
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import QueuedRequest
 from loragate.tracing import extract
 
@@ -62,7 +62,7 @@ def emit_spans(tracer: Tracer, t: RequestTimeline, worker_id: str, finish_reason
         "gen_ai.provider.name": "loragate",
         "gen_ai.request.model": msg.model,
         "gen_ai.request.max_tokens": msg.params.max_tokens,
-        "gen_ai.response.id": keys.client_request_id(msg.request_id),  # the id the client got
+        "gen_ai.response.id": contracts.client_request_id(msg.request_id),  # the id the client got
         "gen_ai.response.finish_reasons": finish_reason or "",
         "gen_ai.usage.input_tokens": len(msg.prompt_token_ids),
         "gen_ai.usage.output_tokens": t.tokens,

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from loragate.contracts import AdapterTier
 from policies.framework import Scorer
 from policies.load_cost import PARAMETER_NAMES, AdapterLoadCost
-from policies.types import Candidate, RouteRequest, Tier
+from policies.types import Candidate, RouteRequest
 
 
 class AdapterScorer(Scorer):
@@ -29,8 +30,8 @@ class AdapterScorer(Scorer):
         self.costs = AdapterLoadCost.from_plugin(self)
         self.scale_s = self.param("scale_s", 0.01, lo=1e-9)
 
-    def score_tier(self, tier: Tier) -> float:
-        if tier is Tier.NONE:
+    def score_tier(self, tier: AdapterTier) -> float:
+        if tier is AdapterTier.NONE:
             return 1.0
         return 1.0 / (1.0 + self.costs.seconds(tier) / self.scale_s)
 

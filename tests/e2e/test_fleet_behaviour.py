@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import OutputEvent
 from tests.e2e.outputs import stored_output
 from tests.e2e.stack import ADMIN_TOKEN, Stack
@@ -41,7 +41,9 @@ def aborted_after(stack: Stack, request_id: str, timeout: float = 15.0) -> int:
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            entries = r.xrange(keys.output(keys.scoped_request_id("alice", request_id)))  # KEY is alice's
+            entries = r.xrange(
+                contracts.output(contracts.scoped_request_id("alice", request_id))
+            )  # KEY is alice's
             last = OutputEvent.from_json(entries[-1][1][b"e"]) if entries else None
             if last is not None and last.is_last:
                 assert last.finish_reason == "abort"
@@ -267,9 +269,9 @@ def test_a_client_that_leaves_while_waiting_for_its_fair_turn_is_never_queued(st
             assert after["admission_waited"] > before["admission_waited"]  # it really waited its turn
             assert all(f.result(timeout=120) == ("length", 400) for f in busy)
         stack.wait_idle()
-        qid = keys.scoped_request_id("alice", rid)
-        assert not r.exists(keys.request_record(qid)), "the departed request was queued"
-        assert not r.exists(keys.output(qid)), "a worker ran (or aborted) the departed request"
+        qid = contracts.scoped_request_id("alice", rid)
+        assert not r.exists(contracts.request_record(qid)), "the departed request was queued"
+        assert not r.exists(contracts.output(qid)), "a worker ran (or aborted) the departed request"
     finally:
         r.close()
         proc.send_signal(signal.SIGTERM)

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loragate import keys
+from loragate import contracts
 from loragate.redis_retry import BACKOFF_CAP_S
 from tests.e2e.stack import Stack
 from tests.redis_process import RedisProcess, redis_process
@@ -158,7 +158,7 @@ def test_a_request_gets_503_at_once_while_redis_is_gone(zoo: ZooPaths, tmp_path:
 
 @pytest.mark.parametrize(
     ("persistent", "outage_s"),
-    [(True, 2.0), (False, 2.0), (False, 2.0 + max(keys.HEARTBEAT_TTL_S, BACKOFF_CAP_S) * 2)],
+    [(True, 2.0), (False, 2.0), (False, 2.0 + max(contracts.HEARTBEAT_TTL_S, BACKOFF_CAP_S) * 2)],
     ids=["aof-2s", "no-persistence-2s", "no-persistence-long"],
 )
 def test_streams_ride_out_a_redis_crash_and_new_requests_succeed_soon_after(
@@ -224,7 +224,7 @@ def test_queued_requests_are_served_if_redis_kept_them_else_fail_at_once(
             with concurrent.futures.ThreadPoolExecutor(3) as pool:
                 replies = [pool.submit(complete, stack.url, body(i), 120) for i in range(3)]
                 r = server.client()
-                wait_for(lambda: r.xlen(keys.queue("w1")) == 3, 3, "three queued requests")
+                wait_for(lambda: r.xlen(contracts.queue("w1")) == 3, 3, "three queued requests")
                 r.close()
                 time.sleep(1.1)  # an AOF is written at least every second
                 server.kill()

@@ -28,7 +28,7 @@ import httpx
 import pytest
 import redis
 
-from loragate import keys
+from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import Request, SamplingParams
 from tests.e2e.stack import Stack, running_stack
@@ -168,7 +168,8 @@ def client_for(stack: Stack, timeout: float = 240) -> httpx.AsyncClient:
 
 def output_events(r: redis.Redis, tenant: str, rid: str) -> list[OutputEvent]:
     return [
-        OutputEvent.from_json(f[b"e"]) for _, f in r.xrange(keys.output(keys.scoped_request_id(tenant, rid)))
+        OutputEvent.from_json(f[b"e"])
+        for _, f in r.xrange(contracts.output(contracts.scoped_request_id(tenant, rid)))
     ]
 
 
@@ -193,8 +194,8 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 def queued_ids(r: redis.Redis) -> dict[str, bool]:
     """Request ids in the workers' queues → whether a worker has read the entry yet."""
     out: dict[str, bool] = {}
-    for key in r.scan_iter(match=keys.QUEUE_PATTERN):
-        pending = {e["message_id"] for e in r.xpending_range(key, keys.WORKER_GROUP, "-", "+", 10_000)}
+    for key in r.scan_iter(match=contracts.QUEUE_PATTERN):
+        pending = {e["message_id"] for e in r.xpending_range(key, contracts.WORKER_GROUP, "-", "+", 10_000)}
         for entry_id, fields in r.xrange(key):
             out[QueuedRequest.from_json(fields[b"m"]).request_id] = entry_id in pending
     return out
@@ -317,7 +318,7 @@ def test_a_handler_whose_request_another_handler_cancelled_continues_it(
 
     first = asyncio.run(main())
     assert first.ok and first.finish == "length" and first.text == ref, first
-    qid = keys.scoped_request_id("alice", rid)
+    qid = contracts.scoped_request_id("alice", rid)
     assert f"continuing {qid} " in (stack.workdir / "gateway.log").read_text()
 
 
@@ -342,7 +343,7 @@ def test_retries_after_a_gateway_kill_attach_to_the_queued_requests(
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:  # until most are queued (the others wait in admission)
                 queued = queued_ids(r)
-                if sum(keys.scoped_request_id("alice", i) in queued for i in ids) >= min(n, 64):
+                if sum(contracts.scoped_request_id("alice", i) in queued for i in ids) >= min(n, 64):
                     break
                 await asyncio.sleep(0.05)
             waiting = sum(not read for rid, read in queued_ids(r).items() if rid.endswith(tuple(ids)))
@@ -419,7 +420,7 @@ def test_a_request_whose_client_leaves_while_it_is_queued_never_runs(
                     await asyncio.sleep(0.1)
                 async with httpx.AsyncClient(base_url=stack.url, timeout=3) as quick:
                     for rid in victims:
-                        qid = keys.scoped_request_id("bob", rid)
+                        qid = contracts.scoped_request_id("bob", rid)
                         req = body(prompt, 16, False)
                         leaver = asyncio.ensure_future(
                             quick.post("/v1/completions", json=req, headers=headers("bob", rid))

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from loragate import keys
+from loragate import contracts
 from tests.e2e.stack import free_port
 from worker.modelzoo.make import ZooPaths
 
@@ -81,7 +81,7 @@ def test_gateway_and_worker_stop_cleanly_on_every_stop_signal(
                 health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
             except (httpx.HTTPError, ValueError):
                 return False
-            return bool(client.exists(keys.worker_state(worker_id))) and health["workers"] == 1
+            return bool(client.exists(contracts.worker_state(worker_id))) and health["workers"] == 1
 
         _until(serving, 120, procs, tmp_path)
         for proc in procs:

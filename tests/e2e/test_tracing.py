@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from loragate import keys
+from loragate import contracts
 from loragate.messages import WorkerState
 from loragate.tracing import make_provider
 from tests.e2e.stack import Stack, free_port
@@ -134,7 +134,7 @@ def wait_until_resident(redis_url: str, worker_id: str, adapter: str, timeout: f
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            raw = r.get(keys.worker_state(worker_id))
+            raw = r.get(contracts.worker_state(worker_id))
             if raw is not None and adapter in WorkerState.from_json(raw).adapters_device:
                 time.sleep(1.0)
                 return

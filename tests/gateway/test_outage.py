@@ -13,7 +13,7 @@ import gateway.fleet
 from gateway.fleet import Fleet
 from gateway.reaper import Reaper
 from gateway.relay import EventChannel, OutputMux
-from loragate import keys
+from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState
 from loragate.redis_url import connect_async
 from loragate.types import SamplingParams
@@ -48,20 +48,20 @@ def test_after_a_restart_known_workers_still_count_and_no_queue_is_reaped(
         async def main() -> None:
             r = connect_async(server.url)
             try:
-                await r.set(keys.worker_state("w1"), state("w1"), ex=60)
-                await r.set(keys.worker_state("w2"), state("w2"), ex=60)
-                queue = keys.queue("w1")
-                await r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)
+                await r.set(contracts.worker_state("w1"), state("w1"), ex=60)
+                await r.set(contracts.worker_state("w2"), state("w2"), ex=60)
+                queue = contracts.queue("w1")
+                await r.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
                 await r.xadd(queue, {"m": msg.to_json()})
-                await r.xreadgroup(keys.WORKER_GROUP, "w1", {queue: ">"})  # w1 runs it
+                await r.xreadgroup(contracts.WORKER_GROUP, "w1", {queue: ">"})  # w1 runs it
                 fleet = Fleet(r)
                 reaper = Reaper(r, fleet, "reaper-test")
                 await asyncio.sleep(2.6)  # past the young server's grace (its uptime counts whole seconds)
                 await fleet.refresh()
                 assert set(fleet.workers) == {"w1", "w2"} and not fleet.recovering
-                await r.delete(keys.worker_state("w1"))  # its heartbeat expired during the outage
+                await r.delete(contracts.worker_state("w1"))  # its heartbeat expired during the outage
                 server.restart()  # from the AOF
-                await r.delete(keys.worker_state("w1"))
+                await r.delete(contracts.worker_state("w1"))
                 assert await reaper.sweep() == 0  # w1 may be about to re-announce itself
                 assert fleet.recovering and set(fleet.workers) == {"w1", "w2"}
                 assert sorted(w.state.worker_id for w in fleet.serving("tiny")) == ["w1", "w2"]
@@ -69,7 +69,7 @@ def test_after_a_restart_known_workers_still_count_and_no_queue_is_reaped(
                 await asyncio.sleep(2.6)  # w1 did not come back within the grace: it is gone
                 assert await reaper.sweep() == 1
                 assert set(fleet.workers) == {"w2"} and not fleet.recovering
-                assert await r.xlen(queue) == 0 and await r.xlen(keys.queue("w2")) == 1
+                assert await r.xlen(queue) == 0 and await r.xlen(contracts.queue("w2")) == 1
             finally:
                 await r.aclose()
 
@@ -100,21 +100,23 @@ def test_a_move_run_twice_queues_one_copy_and_points_the_record_at_it(redis_url:
     async def main() -> None:
         r = connect_async(redis_url)
         try:
-            await r.set(keys.worker_state("w2"), state("w2"), ex=60)
-            dead = keys.queue("w1")
-            await r.xgroup_create(dead, keys.WORKER_GROUP, id="0", mkstream=True)
+            await r.set(contracts.worker_state("w2"), state("w2"), ex=60)
+            dead = contracts.queue("w1")
+            await r.xgroup_create(dead, contracts.WORKER_GROUP, id="0", mkstream=True)
             entry = await r.xadd(dead, {"m": msg.to_json()})
-            await r.hset(keys.request_record("moved-1"), mapping={"fp": "x", "queue": dead, "entry": entry})
-            await r.xreadgroup(keys.WORKER_GROUP, "w1", {dead: ">"})  # w1 read it, then died
+            await r.hset(
+                contracts.request_record("moved-1"), mapping={"fp": "x", "queue": dead, "entry": entry}
+            )
+            await r.xreadgroup(contracts.WORKER_GROUP, "w1", {dead: ">"})  # w1 read it, then died
             fleet = Fleet(r)
             await fleet.refresh()
             reaper = Reaper(r, fleet, "reaper-test")
             assert await reaper._reroute(dead, entry, msg)
             assert not await reaper._reroute(dead, entry, msg)  # again, as a retry would
-            copies = await r.xrange(keys.queue("w2"))
+            copies = await r.xrange(contracts.queue("w2"))
             assert len(copies) == 1, f"{len(copies)} copies queued"
-            record = await r.hgetall(keys.request_record("moved-1"))
-            assert record[b"queue"].decode() == keys.queue("w2") and record[b"entry"] == copies[0][0]
+            record = await r.hgetall(contracts.request_record("moved-1"))
+            assert record[b"queue"].decode() == contracts.queue("w2") and record[b"entry"] == copies[0][0]
             assert await r.xlen(dead) == 0
         finally:
             await r.aclose()
@@ -153,7 +155,7 @@ def test_a_stream_subscribed_while_the_relay_reconnects_is_read_at_once() -> Non
                 loop = asyncio.get_running_loop()
                 sent = loop.time()
                 event = OutputEvent(token_ids=(5,), text="5", completion_tokens=1)
-                await control.xadd(keys.output("second"), {"e": event.to_json()})
+                await control.xadd(contracts.output("second"), {"e": event.to_json()})
                 got = await channel.get(10.0)
                 assert got == event
                 return loop.time() - sent

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.relay import EventChannel, OutputMux
-from loragate import keys
+from loragate import contracts
 from loragate.messages import OutputEvent
 
 
@@ -32,7 +32,7 @@ def run(redis_url: str, body: Callable[[aioredis.Redis, OutputMux], Awaitable[No
 
 
 async def put(r: aioredis.Redis, rid: str, text: str, finish: str | None = None) -> str:
-    entry = await r.xadd(keys.output(rid), {"e": OutputEvent(text=text, finish_reason=finish).to_json()})
+    entry = await r.xadd(contracts.output(rid), {"e": OutputEvent(text=text, finish_reason=finish).to_json()})
     return str(entry.decode())
 
 
@@ -54,7 +54,7 @@ def test_two_channels_of_one_request_each_get_every_event_once(redis_url: str) -
         assert await texts(first, 1) == ["c"]
         await asyncio.sleep(0.3)
         assert len(second) == 0 and len(first) == 0
-        assert keys.output("shared") not in mux.subs  # nothing follows a last event
+        assert contracts.output("shared") not in mux.subs  # nothing follows a last event
 
     run(redis_url, body)
 
@@ -66,7 +66,7 @@ def test_a_channel_reads_on_after_an_abort_is_deleted(redis_url: str) -> None:
         abort = await put(r, "cut", "", "abort")
         assert [(await channel.get(5)).finish_reason for _ in range(2)] == [None, "abort"]
         assert channel.last_id == abort
-        await r.xdel(keys.output("cut"), abort)  # what `revive` does before queueing the request again
+        await r.xdel(contracts.output("cut"), abort)  # what `revive` does before queueing the request again
         await put(r, "cut", "b", "length")
         await mux.resume("cut", channel)
         event = await channel.get(5)
@@ -95,7 +95,7 @@ def test_a_subscription_whose_wake_up_fails_is_not_left_behind(redis_url: str, f
                         await mux.subscribe("late")
             finally:
                 await mux._control.aclose()
-            assert keys.output("late") not in mux.subs
-            assert keys.output("busy") in mux.subs
+            assert contracts.output("late") not in mux.subs
+            assert contracts.output("busy") in mux.subs
 
         run(redis_url, body)

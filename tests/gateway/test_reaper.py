@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from gateway.fleet import Fleet
 from gateway.reaper import Reaper
-from loragate import keys
+from loragate import contracts
 
 
 def drain_queue_of(redis_url: str, worker_id: str, beating: bool) -> bool:
@@ -18,10 +18,10 @@ def drain_queue_of(redis_url: str, worker_id: str, beating: bool) -> bool:
     async def main() -> bool:
         r = aioredis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
         try:
-            queue = keys.queue(worker_id)
-            await r.xgroup_create(queue, keys.WORKER_GROUP, id="0", mkstream=True)
+            queue = contracts.queue(worker_id)
+            await r.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
             if beating:  # the heartbeat arrived after the reaper's fleet snapshot was taken
-                await r.set(keys.worker_state(worker_id), "{}", ex=3)
+                await r.set(contracts.worker_state(worker_id), "{}", ex=3)
             reaper = Reaper(r, Fleet(r), "reaper-test")  # its fleet view has no worker at all
             assert await reaper._drain(queue) == 0
             return bool(await r.exists(queue))

@@ -7,12 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
+from loragate.contracts import AdapterTier
 from policies.filters.queue_bound import QueueBound
 from policies.filters.serves_model import ServesModel
 from policies.framework import PolicyError, Profile, Scorer
 from policies.pickers.maximum import MaxPicker
 from policies.scorers.prefix import PrefixScorer
-from policies.types import Candidate, Outcome, RouteRequest, Tier
+from policies.types import Candidate, Outcome, RouteRequest
 from tests.policies.factories import candidate, request
 
 
@@ -58,7 +59,7 @@ def test_decision_reports_scores_totals_cache_and_tier() -> None:
     assert d.worker_id == "w1" and d.profile == "p" and d.decision_id == "d1"
     assert d.scores == {"prefix": {"w1": 1.0, "w2": 0.0}, "fixed": {"w1": 0.0, "w2": 1.0}}
     assert d.totals == {"w1": pytest.approx(0.75), "w2": pytest.approx(0.25)}
-    assert d.predicted_cached_tokens == 64 and d.adapter_tier is Tier.DISK
+    assert d.predicted_cached_tokens == 64 and d.adapter_tier is AdapterTier.DISK
     assert d.candidates == ("w1", "w2") and "w1" in d.reason
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.events import EventType, KVEvent
+from loragate.contracts import EventType, KVEvent
 from policies.prefix_index import PrefixIndex
 
 
