@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from loragate import stack_sources
-from loragate.stack_config import ModelSpec, StackError, load_stack, parse_stack
+from loragate.stack_config import ModelSpec, StackError, load_stack, parse_stack, with_auto
 from loragate.up_args import build_parser, stack_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,3 +252,13 @@ def test_the_example_file_is_valid_and_is_the_default_stack() -> None:
     assert example == stack_from_args(build_parser().parse_args([]))
     assert [m.name for m in example.models] == ["smollm2", "tiny"]
     assert example.auto == ({"max_score": 0.4, "model": "tiny"}, {"model": "smollm2"})
+
+
+def test_with_auto_sets_the_rungs_and_drops_their_old_name() -> None:
+    rungs = [{"max_score": 0.5, "model": "tiny"}, {"model": "big"}]
+    old = {"default_profile": "p", "aliases": {"auto": {"tiers": [{"model": "x"}], "profile": "p"}}}
+    assert with_auto(old, rungs) == {
+        "default_profile": "p",
+        "aliases": {"auto": {"profile": "p", "rungs": rungs}},
+    }
+    assert old["aliases"]["auto"] == {"tiers": [{"model": "x"}], "profile": "p"}  # a copy, not an edit
