@@ -23,13 +23,13 @@ from gateway.admin_api import AdminRoutes
 from gateway.admin_policy import PolicyRoutes
 from gateway.admission import FairAdmission
 from gateway.auth import Authenticator
-from gateway.catalog import Catalog
 from gateway.context import GatewayContext
 from gateway.decisions import DecisionLog
 from gateway.errors import APIError, queue_unavailable
 from gateway.fleet import Fleet
 from gateway.kv_events import KVEventFollower
 from gateway.metrics import GatewayMetrics
+from gateway.model_catalog import ModelCatalog
 from gateway.openai_api import OpenAIRoutes
 from gateway.overload import Limits
 from gateway.policy_store import PolicyHolder, PolicyStore
@@ -102,7 +102,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
             settings,
             r,
             fleet,
-            Catalog(r, fleet),
+            ModelCatalog(r, fleet),
             Authenticator(settings, r),
             mux,
             reaper,

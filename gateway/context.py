@@ -11,12 +11,12 @@ from starlette.requests import Request
 
 from gateway.admission import FairAdmission
 from gateway.auth import Authenticator
-from gateway.catalog import Catalog
 from gateway.decisions import DecisionLog
 from gateway.fleet import Fleet
 from gateway.kv_events import KVEventFollower
 from gateway.limits import read_json_object
 from gateway.metrics import GatewayMetrics
+from gateway.model_catalog import ModelCatalog
 from gateway.policy_store import PolicyHolder
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
@@ -31,7 +31,7 @@ class GatewayContext:
     settings: GatewaySettings
     redis: aioredis.Redis
     fleet: Fleet
-    catalog: Catalog
+    catalog: ModelCatalog
     auth: Authenticator
     mux: OutputMux
     reaper: Reaper

@@ -31,9 +31,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from gateway import protocol
-from gateway.catalog import AUTO, Target
 from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request, queue_unavailable
+from gateway.model_catalog import AUTO, Target
 from gateway.reaper import least_loaded
 from gateway.relay import ClientGone, EventChannel
 from gateway.request_store import RequestStore, fingerprint

@@ -19,10 +19,10 @@ from gateway.decisions import DecisionLog
 from gateway.errors import APIError
 from gateway.fleet import Fleet
 from gateway.policy_store import PolicyHolder
+from policies.alias_ladder import choose_rung, pool_saturation
 from policies.difficulty import DifficultyQuery
 from policies.document import Policy
 from policies.prefix_index import PrefixIndex
-from policies.tiers import choose_tier, pool_saturation
 from policies.types import Candidate, Outcome, RouteDecision, RouteRequest
 
 SATURATION_CAPACITY = 32.0  # outstanding requests per worker that count as a full pool
@@ -60,7 +60,7 @@ class Router:
         candidates = [self._candidate(w.state.worker_id, ()) for w in self.fleet.workers.values()]
         saturation = pool_saturation(candidates, SATURATION_CAPACITY)
         live = {c.state.model for c in candidates if not c.state.draining}
-        chosen, reason = choose_tier(alias, score, saturation)
+        chosen, reason = choose_rung(alias, score, saturation)
         if chosen not in live:  # a tier with no worker: take the nearest tier that has one
             others = [m for m in alias.models if m in live]
             if not others:

@@ -13,13 +13,13 @@ models:                    # at least one; each is served by its own workers
     device: auto           # auto | cpu | cuda | cuda:N (default: the worker's, auto)
     dtype: auto            # auto | float32 | bfloat16 | float16 (default: the worker's, auto)
     pin: [upper]           # adapters kept resident on every worker of this model
-auto:                      # tiers of the `auto` alias (policy syntax); default: every request to models[0]
+auto:                      # rungs of the `auto` alias (policy syntax); default: every request to models[0]
   - {max_score: 0.4, model: tiny}
   - {model: smollm2}
 ```
 
 Validated whole before anything starts: an unknown key (with the closest known one), a value of the wrong
-kind, a checkpoint without config.json, a tier naming a model the stack does not serve each raise
+kind, a checkpoint without config.json, a rung naming a model the stack does not serve each raise
 `StackError` naming the file and the key path (`stack.yaml: models[1].workers: must be an integer ≥ 1`).
 Relative paths are relative to the file. A hand validator rather than pydantic: the schema is two levels
 deep, the messages follow the gateway config's (gateway/settings.py: same "did you mean", same key
@@ -69,7 +69,7 @@ class ModelSpec:
 @dataclass(frozen=True)
 class StackConfig:
     models: tuple[ModelSpec, ...]
-    auto: tuple[Mapping[str, Any], ...]  # the `auto` alias's tiers, as in a policy document
+    auto: tuple[Mapping[str, Any], ...]  # the `auto` alias's rungs, as in a policy document
     api_keys: Mapping[str, str] = field(default_factory=dict)  # empty: `up` generates a dev key
     admin_token: str | None = None  # None: `up` generates one
     host: str = "127.0.0.1"
@@ -114,36 +114,38 @@ def parse_stack(raw: Any, source: str, base_dir: Path) -> StackConfig:
     port = top.get("port", 8000)
     if not _integer(port) or not 1 <= port <= 65535:
         raise StackError(f"{source}: port: must be an integer from 1 to 65535, got {port!r}")
-    auto = check_tiers(top.get("auto"), names, source) if "auto" in top else ({"model": names[0]},)
+    auto = check_rungs(top.get("auto"), names, source) if "auto" in top else ({"model": names[0]},)
     return StackConfig(models, auto, dict(keys), admin, host, port)
 
 
-def check_tiers(raw: Any, served: list[str], source: str) -> tuple[Mapping[str, Any], ...]:
-    """The `auto` tiers, validated as the policy validates an alias, each naming a served model."""
+def check_rungs(raw: Any, served: list[str], source: str) -> tuple[Mapping[str, Any], ...]:
+    """The `auto` rungs, validated as the policy validates an alias, each naming a served model."""
     from policies.default_policy import DEFAULT_POLICY
-    from policies.document import parse_policy  # numpy, not torch: only when a file has tiers
+    from policies.document import parse_policy  # numpy, not torch: only when a file has rungs
     from policies.framework import PolicyError
 
-    prefix = "aliases.auto.tiers"
+    prefix = "aliases.auto.rungs"
     try:
         parse_policy(with_auto(DEFAULT_POLICY, raw))
     except PolicyError as err:
         where = "auto" + err.path[len(prefix) :] if err.path.startswith(prefix) else "auto"
         raise StackError(f"{source}: {where}: {err.message}") from None
-    for k, tier in enumerate(raw):
-        if tier["model"] not in served:
+    for k, rung in enumerate(raw):
+        if rung["model"] not in served:
             known = ", ".join(served)
             raise StackError(
-                f"{source}: auto[{k}].model: {tier['model']!r} is not a model of this stack ({known})"
+                f"{source}: auto[{k}].model: {rung['model']!r} is not a model of this stack ({known})"
             )
     return tuple(dict(t) for t in raw)
 
 
-def with_auto(policy: Mapping[str, Any], tiers: Any) -> dict[str, Any]:
-    """A copy of the policy document `policy` whose `auto` alias has these tiers (its other settings kept)."""
+def with_auto(policy: Mapping[str, Any], rungs: Any) -> dict[str, Any]:
+    """A copy of the policy document `policy` whose `auto` alias has these rungs (its other settings kept;
+    rungs stored under the field's old name, `tiers`, are replaced)."""
     doc = copy.deepcopy(dict(policy))
     aliases = doc.setdefault("aliases", {})
-    aliases["auto"] = {**aliases.get("auto", {}), "tiers": copy.deepcopy(tiers)}
+    kept = {k: v for k, v in aliases.get("auto", {}).items() if k != "tiers"}
+    aliases["auto"] = {**kept, "rungs": copy.deepcopy(rungs)}
     return doc
 
 

@@ -4,16 +4,16 @@ What it serves (a loragate.stack_config.StackConfig, from loragate.up_args; chec
 starts, exit 2 if not):
 - by default, the real model `smollm2` (fetched by `loragate models pull smollm2` on first use) on
   `--workers` workers with its shipped adapters, plus one worker of the toy `tiny` model (built by
-  `loragate models make`) as the cheap tier of `model: "auto"`;
+  `loragate models make`) as the cheap rung of `model: "auto"`;
 - `--model DIR|smollm2`: one model of yours (any local Hugging Face Llama/Qwen2/Mistral checkpoint), with
   `--adapters DIR`, on `--workers` workers, and nothing else;
-- `-c stack.yaml`: what the file says (models, keys, admin token, `auto` tiers, host and port); no other
+- `-c stack.yaml`: what the file says (models, keys, admin token, `auto` rungs, host and port); no other
   flag may be combined with it, so the file and the command line cannot disagree.
 `--device`/`--dtype` (and a stack file's `device:`/`dtype:`) go to every worker of the model.
 
 It fetches or builds the named models (child processes), starts a real Redis (embedded, with an
 append-only file, unless `REDIS_URL` is set), one gateway and the workers as child processes, waits until
-every worker has joined, makes the routing policy's `auto` alias route to the stack's tiers (admin API),
+every worker has joined, makes the routing policy's `auto` alias route to the stack's rungs (admin API),
 writes the endpoint for local tools (loragate.endpoint), and prints how to call it (loragate.up_banner).
 
 Instances: each `up` keeps its state (gateway config, embedded Redis) in a run directory of its own
@@ -159,13 +159,13 @@ def _admin(url: str, token: str, method: str = "GET", body: Any = None) -> Any:
         raise RuntimeError(f"{method} {url}: {err} {detail}".strip()) from None
 
 
-def _set_auto(url: str, admin: str, tiers: Sequence[Any]) -> None:
-    """Make the active policy's `auto` alias route to `tiers`, keeping the rest of the policy: a new version
+def _set_auto(url: str, admin: str, rungs: Sequence[Any]) -> None:
+    """Make the active policy's `auto` alias route to `rungs`, keeping the rest of the policy: a new version
     only if it differs (an external Redis may hold an operator's policy)."""
     active = _admin(f"{url}/admin/policy", admin)["document"]
-    if active.get("aliases", {}).get("auto", {}).get("tiers") != list(tiers):
-        note = "loragate%20up%3A%20the%20stack%27s%20auto%20tiers"
-        _admin(f"{url}/admin/policy?note={note}", admin, "PUT", with_auto(active, list(tiers)))
+    if active.get("aliases", {}).get("auto", {}).get("rungs") != list(rungs):
+        note = "loragate%20up%3A%20the%20stack%27s%20auto%20rungs"
+        _admin(f"{url}/admin/policy?note={note}", admin, "PUT", with_auto(active, list(rungs)))
 
 
 def _reachable(host: str) -> str:

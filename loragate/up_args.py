@@ -1,7 +1,7 @@
 """`loragate up`'s command line → the `StackConfig` to run (loragate.stack_config).
 
 No flags: the default stack (`smollm2` on `--workers` workers with its shipped adapters, `tiny` for the
-easy tier of `auto`); `--model DIR|smollm2`: that model alone; `-c FILE`: the stack file, with no other
+easy rung of `auto`); `--model DIR|smollm2`: that model alone; `-c FILE`: the stack file, with no other
 flag (so file and command line cannot disagree). Flag values are checked by the stack file's own
 validator and its messages renamed to the flag (`--workers: must be an integer ≥ 1, got 0`).
 """

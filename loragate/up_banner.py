@@ -18,11 +18,11 @@ EXAMPLE_PROMPT = "Reverse the order of these words: river bread music"
 QUESTION = "What is the capital of France?"
 
 
-def describe_auto(tiers: Sequence[Mapping[str, Any]]) -> str:
-    if len(tiers) == 1:
-        return f"every request → {tiers[0]['model']}"
-    bands = [f"≤ {t['max_score']:g} → {t['model']}" for t in tiers[:-1]]
-    return f"by difficulty (0-1): {', '.join(bands)}, higher → {tiers[-1]['model']}"
+def describe_auto(rungs: Sequence[Mapping[str, Any]]) -> str:
+    if len(rungs) == 1:
+        return f"every request → {rungs[0]['model']}"
+    bands = [f"≤ {r['max_score']:g} → {r['model']}" for r in rungs[:-1]]
+    return f"by difficulty (0-1): {', '.join(bands)}, higher → {rungs[-1]['model']}"
 
 
 def example_adapter(names: list[str]) -> str | None:

@@ -32,7 +32,7 @@ def describe(policy: Policy) -> list[str]:
     for name, alias in policy.aliases.items():
         bands = ", ".join(
             f"≤{t.max_score:g} → {t.model}" if t.max_score is not None else f"else → {t.model}"
-            for t in alias.tiers
+            for t in alias.rungs
         )
         lines.append(f"alias {name!r}: {bands}; shift down above saturation {alias.saturation_threshold:g}")
     lines.append(f"difficulty estimator: {type(policy.estimator).__name__}")

@@ -3,8 +3,8 @@
 Profiles: `default` (prefix + adapter + load + cost scorers, argmax), `least-loaded` (load only),
 `round-robin` and `random` (baselines for benchmarks); the alias `auto` sends requests with difficulty
 ≤ 0.4 to the toy `tiny` model and the rest to the real `smollm2`, shifting to `tiny` when `smollm2`'s pool
-is over 85% busy (the tiers of `loragate up`'s default stack and of compose.yaml; a tier without workers
-passes its requests to the nearest tier that has some).
+is over 85% busy (the rungs of `loragate up`'s default stack and of compose.yaml; a rung without workers
+passes its requests to the nearest rung that has some).
 Treat `DEFAULT_POLICY` as read-only: `copy.deepcopy` it to derive another document.
 """
 
@@ -76,7 +76,7 @@ DEFAULT_POLICY: Final[dict[str, Any]] = {
     ],
     "aliases": {
         "auto": {
-            "tiers": [{"max_score": 0.4, "model": "tiny"}, {"model": "smollm2"}],
+            "rungs": [{"max_score": 0.4, "model": "tiny"}, {"model": "smollm2"}],
             "saturation_threshold": 0.85,
             "profile": "default",
         }

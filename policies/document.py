@@ -6,15 +6,15 @@ The document (YAML or JSON; `policies.default_policy.DEFAULT_POLICY` is the refe
     default_profile: the profile used when a request names none (default: the first profile)
     plugins:    [{type: <plugin type>, name: <unique, default the type>, parameters: {...}}, ...]
     profiles:   [{name: <unique>, plugins: [{ref: <plugin name>, weight: <scorers only, > 0, default 1>}]}]
-    aliases:    {<alias>: {tiers: [{max_score: 0.4, model: tiny}, {model: small}],
+    aliases:    {<alias>: {rungs: [{max_score: 0.4, model: tiny}, {model: small}],
                            saturation_threshold: 0.85, shift_margin: 1, profile: <profile>}}
     difficulty: {estimator: heuristic | learned, parameters: {...} | path: FILE | model: {...}}
 
 A profile lists its plugins by reference; filters run in the listed order, scorers are weighted and a
 profile holds exactly one picker. `parse_policy` checks everything and raises `PolicyError` whose `path`
 names the offending field (`plugins[3].parameters.max_outstanding`, `profiles[0].plugins[1].ref`,
-`aliases.auto.tiers[1].model`), so the admin API can answer 400 with it. Unknown keys are errors, so a
-typo never silently falls back to a default. Plugin types come from `policies.catalog.PLUGIN_TYPES`.
+`aliases.auto.rungs[1].model`), so the admin API can answer 400 with it. Unknown keys are errors, so a
+typo never silently falls back to a default. Plugin types come from `policies.plugin_types.PLUGIN_TYPES`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any
 import yaml
 
 from policies import validate
-from policies.catalog import PLUGIN_TYPES
+from policies.alias_ladder import Alias, Rung
 from policies.difficulty import Estimator
 from policies.estimators import build_estimator
 from policies.framework import Filter, Picker, Plugin, PolicyError, Profile, Scorer
-from policies.tiers import Alias, TierBand
+from policies.plugin_types import PLUGIN_TYPES
 
 TOP_KEYS = ("description", "default_profile", "plugins", "profiles", "aliases", "difficulty")
 
@@ -161,36 +161,48 @@ def _profile(name: str, raw: Any, path: str, plugins: Mapping[str, Plugin]) -> P
 
 def _alias(name: str, raw: Any, profiles: Mapping[str, Profile]) -> Alias:
     path = validate.key_path("aliases", name)
-    entry = validate.mapping(raw, path)
+    entry = _old_tiers_renamed(validate.mapping(raw, path), path)
     validate.known_keys(
-        entry, path, ("tiers", "saturation_threshold", "shift_margin", "profile"), required=("tiers",)
+        entry, path, ("rungs", "saturation_threshold", "shift_margin", "profile"), required=("rungs",)
     )
-    tiers_raw = validate.items(entry["tiers"], f"{path}.tiers")
-    if not tiers_raw:
-        raise PolicyError(f"{path}.tiers", "needs at least one tier")
-    tiers: list[TierBand] = []
-    for k, tier_raw in enumerate(tiers_raw):
-        where = validate.key_path(f"{path}.tiers", k)
-        tier = validate.mapping(tier_raw, where)
-        validate.known_keys(tier, where, ("model", "max_score"), required=("model",))
-        model = validate.string(tier["model"], f"{where}.model")
-        last = k == len(tiers_raw) - 1
-        if last and "max_score" in tier:
-            raise PolicyError(f"{where}.max_score", "the last tier takes every higher score: leave it out")
-        if not last and "max_score" not in tier:
-            raise PolicyError(f"{where}.max_score", "is required on every tier but the last")
-        max_score = None if last else validate.number(tier["max_score"], f"{where}.max_score", 0.0, 1.0)
-        previous = tiers[-1].max_score if tiers else None
+    rungs_raw = validate.items(entry["rungs"], f"{path}.rungs")
+    if not rungs_raw:
+        raise PolicyError(f"{path}.rungs", "needs at least one rung")
+    rungs: list[Rung] = []
+    for k, rung_raw in enumerate(rungs_raw):
+        where = validate.key_path(f"{path}.rungs", k)
+        rung = validate.mapping(rung_raw, where)
+        validate.known_keys(rung, where, ("model", "max_score"), required=("model",))
+        model = validate.string(rung["model"], f"{where}.model")
+        last = k == len(rungs_raw) - 1
+        if last and "max_score" in rung:
+            raise PolicyError(f"{where}.max_score", "the last rung takes every higher score: leave it out")
+        if not last and "max_score" not in rung:
+            raise PolicyError(f"{where}.max_score", "is required on every rung but the last")
+        max_score = None if last else validate.number(rung["max_score"], f"{where}.max_score", 0.0, 1.0)
+        previous = rungs[-1].max_score if rungs else None
         if max_score is not None and previous is not None and max_score <= previous:
-            raise PolicyError(f"{where}.max_score", f"must be above the previous tier's ({previous})")
-        tiers.append(TierBand(model, max_score))
+            raise PolicyError(f"{where}.max_score", f"must be above the previous rung's ({previous})")
+        rungs.append(Rung(model, max_score))
     profile = entry.get("profile")
     if profile is not None and validate.string(profile, f"{path}.profile") not in profiles:
         raise PolicyError(f"{path}.profile", f"unknown profile {profile!r}")
     return Alias(
         name,
-        tuple(tiers),
+        tuple(rungs),
         validate.number(entry.get("saturation_threshold", 0.85), f"{path}.saturation_threshold", 0.0),
         validate.number(entry.get("shift_margin", 1.0), f"{path}.shift_margin", 0.0, 1.0),
         profile,
     )
+
+
+def _old_tiers_renamed(entry: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    """The alias entry with its rungs under `rungs`. Before the rename the field was `tiers`, and
+    `lg:policy` keeps every stored version: an old active version must still load, and roll back."""
+    if "tiers" not in entry:
+        return entry
+    if "rungs" in entry:
+        raise PolicyError(f"{path}.tiers", "is the old name of `rungs`: give one of them")
+    renamed = {k: v for k, v in entry.items() if k != "tiers"}
+    renamed["rungs"] = entry["tiers"]
+    return renamed

@@ -34,10 +34,11 @@ class RouteRequest:
     allowed_tenants: tuple[str, ...] = ()  # the adapter's tenants (empty: everyone)
     now: float = 0.0  # unix time of the decision; 0 = unknown (heartbeat-age checks are skipped)
     prompt_text: str = ""  # the rendered prompt, for difficulty estimation (may be left empty)
-    # Routing an alias over several base models at once (see `policies.tiers.Alias`): the alias's models
-    # from smallest to largest, and the rung the request's difficulty band chose. Empty/None otherwise.
-    tier_models: tuple[str, ...] = ()
-    target_tier: int | None = None
+    # Routing an alias over several base models at once (see `policies.alias_ladder.Alias`): the alias's
+    # ladder of models from smallest to largest, and the rung the request's difficulty band chose.
+    # Empty/None otherwise.
+    ladder_models: tuple[str, ...] = ()
+    target_rung: int | None = None
 
 
 @dataclass(frozen=True)

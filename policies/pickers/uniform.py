@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from policies.framework import Picker
 
 
-class RandomPicker(Picker):
+class UniformPicker(Picker):
     type_name = "random"
 
     def pick(self, totals: Sequence[float], rng: random.Random) -> int:

@@ -1,6 +1,6 @@
 """`loragate up`, the README's main-job command, as real processes: it starts a working stack and prints a
 usable key; `--model DIR --adapters DIR` serves that checkpoint with its adapters, and `-c stack.yaml`
-what the file says (its keys, its models, its `auto` tiers); SIGINT, SIGTERM or SIGHUP stops every
+what the file says (its keys, its models, its `auto` rungs); SIGINT, SIGTERM or SIGHUP stops every
 process it started (a second signal kills at once); its children die with it even when it is SIGKILLed;
 a crashed embedded Redis is restarted with its data; two instances on one machine share nothing; a taken
 port is refused before anything starts.
@@ -288,9 +288,9 @@ def _chat(up: Up, model: str, content: str = "hi", max_tokens: int = 4) -> httpx
     )
 
 
-def _auto_tiers(up: Up) -> list[dict[str, object]]:
+def _auto_rungs(up: Up) -> list[dict[str, object]]:
     policy = httpx.get(f"{up.url}/admin/policy", headers={"Authorization": f"Bearer {up.admin}"}, timeout=10)
-    return list(policy.json()["document"]["aliases"]["auto"]["tiers"])
+    return list(policy.json()["document"]["aliases"]["auto"]["rungs"])
 
 
 def test_up_model_dir_serves_it_with_its_adapters_alone_and_sigterm_stops_it(
@@ -306,7 +306,7 @@ def test_up_model_dir_serves_it_with_its_adapters_alone_and_sigterm_stops_it(
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] >= 1
     assert resp.headers["x-loragate-model"].startswith("tiny")  # auto: the stack's only model
-    assert _auto_tiers(up) == [{"model": "tiny"}]
+    assert _auto_rungs(up) == [{"model": "tiny"}]
     assert Endpoint(f"{up.url}/v1", up.key) in live_endpoints(cache_dir() / "up")
     names = command_lines(descendants(up.proc.pid))
     assert names.count(" worker ") == 1 and " models " not in names, names  # nothing fetched or built
@@ -318,7 +318,7 @@ def test_up_model_dir_serves_it_with_its_adapters_alone_and_sigterm_stops_it(
     assert "Traceback" not in up.output.text()
 
 
-def test_up_with_a_stack_file_serves_its_models_keys_and_auto_tiers(
+def test_up_with_a_stack_file_serves_its_models_keys_and_auto_rungs(
     start_up: Callable[..., Up], zoo: ZooPaths, tmp_path: Path
 ) -> None:
     port = free_port()
@@ -339,8 +339,8 @@ def test_up_with_a_stack_file_serves_its_models_keys_and_auto_tiers(
     assert 'API key (tenant "team-a")' in up.output.text()
     health = httpx.get(f"{up.url}/health", timeout=10).json()
     assert health["workers"] == 2 and health["models"] == ["easy", "hard"], health
-    assert _auto_tiers(up) == stack["auto"]
-    easy = _chat(up, "auto", "hi")  # an easy request: the first tier
+    assert _auto_rungs(up) == stack["auto"]
+    easy = _chat(up, "auto", "hi")  # an easy request: the first rung
     assert easy.status_code == 200 and easy.headers["x-loragate-model"].startswith("easy;"), easy.headers
     for model in ("hard", "easy:qv-r8"):
         assert _chat(up, model).status_code == 200, model

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from loragate import stack_sources
-from loragate.stack_config import ModelSpec, StackError, load_stack, parse_stack
+from loragate.stack_config import ModelSpec, StackError, load_stack, parse_stack, with_auto
 from loragate.up_args import build_parser, stack_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ CASES = [
         {"models": [_model()], "auto": "ckpt"}, "s.yaml: auto: must be a list, got str", id="auto not a list"
     ),
     pytest.param(
-        {"models": [_model()], "auto": []}, "s.yaml: auto: needs at least one tier", id="auto no tiers"
+        {"models": [_model()], "auto": []}, "s.yaml: auto: needs at least one rung", id="auto no rungs"
     ),
     pytest.param(
         {"models": [_model()], "auto": [{"model": "big"}]},
@@ -156,7 +156,7 @@ CASES = [
     ),
     pytest.param(
         {"models": [_model()], "auto": [{"model": "ckpt", "max_score": 0.5}]},
-        "s.yaml: auto[0].max_score: the last tier takes every higher score",
+        "s.yaml: auto[0].max_score: the last rung takes every higher score",
         id="auto last max_score",
     ),
     pytest.param(
@@ -164,7 +164,7 @@ CASES = [
             "models": [_model(), _model(name="b")],
             "auto": [{"max_score": 0.5, "model": "ckpt"}, {"max_score": 0.2, "model": "b"}, {"model": "b"}],
         },
-        "s.yaml: auto[1].max_score: must be above the previous tier's (0.5)",
+        "s.yaml: auto[1].max_score: must be above the previous rung's (0.5)",
         id="auto order",
     ),
     pytest.param(
@@ -185,7 +185,7 @@ CASES = [
     pytest.param(
         {"models": [_model()], "auto": [{"modle": "ckpt"}]},
         "s.yaml: auto[0].modle: unknown key",
-        id="auto tier key",
+        id="auto rung key",
     ),
 ]
 
@@ -234,7 +234,7 @@ def test_a_valid_file_gives_the_stack_with_paths_relative_to_the_file(files: Pat
     assert stack.auto == ({"max_score": 0.3, "model": "tiny"}, {"model": "mine"})
 
 
-def test_without_auto_tiers_auto_is_the_first_model(files: Path) -> None:
+def test_without_auto_rungs_auto_is_the_first_model(files: Path) -> None:
     stack = parse_stack({"models": [_model()]}, "s.yaml", files)
     assert stack.auto == ({"model": "ckpt"},) and stack.models[0].name == "ckpt"  # the directory's name
 
@@ -252,3 +252,13 @@ def test_the_example_file_is_valid_and_is_the_default_stack() -> None:
     assert example == stack_from_args(build_parser().parse_args([]))
     assert [m.name for m in example.models] == ["smollm2", "tiny"]
     assert example.auto == ({"max_score": 0.4, "model": "tiny"}, {"model": "smollm2"})
+
+
+def test_with_auto_sets_the_rungs_and_drops_their_old_name() -> None:
+    rungs = [{"max_score": 0.5, "model": "tiny"}, {"model": "big"}]
+    old = {"default_profile": "p", "aliases": {"auto": {"tiers": [{"model": "x"}], "profile": "p"}}}
+    assert with_auto(old, rungs) == {
+        "default_profile": "p",
+        "aliases": {"auto": {"profile": "p", "rungs": rungs}},
+    }
+    assert old["aliases"]["auto"] == {"tiers": [{"model": "x"}], "profile": "p"}  # a copy, not an edit

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import policies
-from policies.catalog import PLUGIN_TYPES
+from policies.plugin_types import PLUGIN_TYPES
 
 ROOT = Path(policies.__file__).parent
 FORBIDDEN = ("torch", "gateway", "worker", "kernels")

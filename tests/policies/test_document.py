@@ -68,8 +68,8 @@ def profile_ref(i: int, j: int, **entry: object) -> Edit:
     return lambda d: d["profiles"][i]["plugins"].__setitem__(j, entry)
 
 
-def tier(k: int, **entry: object) -> Edit:
-    return lambda d: d["aliases"]["auto"]["tiers"].__setitem__(k, entry)
+def rung(k: int, **entry: object) -> Edit:
+    return lambda d: d["aliases"]["auto"]["rungs"].__setitem__(k, entry)
 
 
 # the default document's plugins: 0 serves-model … 4 queue-bound, 5 kv-room, 6 prefix, 11 max, 12 round-robin
@@ -101,19 +101,19 @@ CASES: list[tuple[str, Edit, str]] = [
     ("two pickers", lambda d: d["profiles"][0]["plugins"].append({"ref": "random"}), "profiles[0].plugins"),
     ("no picker", lambda d: d["profiles"][2]["plugins"].pop(), "profiles[2].plugins"),
     ("unknown default profile", lambda d: d.update(default_profile="fast"), "default_profile"),
-    ("alias without tiers", lambda d: d["aliases"]["auto"].pop("tiers"), "aliases.auto.tiers"),
-    ("alias with empty tiers", lambda d: d["aliases"]["auto"].update(tiers=[]), "aliases.auto.tiers"),
-    ("tier model missing", tier(1), "aliases.auto.tiers[1].model"),
-    ("tier model empty", tier(1, model=""), "aliases.auto.tiers[1].model"),
-    ("max_score missing", tier(0, model="tiny"), "aliases.auto.tiers[0].max_score"),
-    ("max_score on the last tier", tier(1, model="small", max_score=1), "aliases.auto.tiers[1].max_score"),
-    ("max_score above 1", tier(0, model="tiny", max_score=1.5), "aliases.auto.tiers[0].max_score"),
+    ("alias without rungs", lambda d: d["aliases"]["auto"].pop("rungs"), "aliases.auto.rungs"),
+    ("alias with empty rungs", lambda d: d["aliases"]["auto"].update(rungs=[]), "aliases.auto.rungs"),
+    ("rung model missing", rung(1), "aliases.auto.rungs[1].model"),
+    ("rung model empty", rung(1, model=""), "aliases.auto.rungs[1].model"),
+    ("max_score missing", rung(0, model="tiny"), "aliases.auto.rungs[0].max_score"),
+    ("max_score on the last rung", rung(1, model="small", max_score=1), "aliases.auto.rungs[1].max_score"),
+    ("max_score above 1", rung(0, model="tiny", max_score=1.5), "aliases.auto.rungs[0].max_score"),
     (
         "bands not ascending",
-        lambda d: d["aliases"]["auto"]["tiers"].insert(1, {"model": "mid", "max_score": 0.3}),
-        "aliases.auto.tiers[1].max_score",
+        lambda d: d["aliases"]["auto"]["rungs"].insert(1, {"model": "mid", "max_score": 0.3}),
+        "aliases.auto.rungs[1].max_score",
     ),
-    ("unknown tier key", tier(0, model="tiny", max_score=0.4, weight=1), "aliases.auto.tiers[0].weight"),
+    ("unknown rung key", rung(0, model="tiny", max_score=0.4, weight=1), "aliases.auto.rungs[0].weight"),
     ("alias profile unknown", lambda d: d["aliases"]["auto"].update(profile="x"), "aliases.auto.profile"),
     (
         "negative threshold",
@@ -134,6 +134,20 @@ def test_errors_name_the_field(edit: Edit, path: str) -> None:
         parse_policy(doc)
     assert e.value.path == path, e.value
     assert str(e.value).startswith(f"{path}: ")
+
+
+def test_an_alias_stored_with_the_old_field_name_tiers_still_loads() -> None:
+    doc = copy.deepcopy(DEFAULT_POLICY)
+    doc["aliases"]["auto"]["tiers"] = doc["aliases"]["auto"].pop("rungs")
+    assert parse_policy(doc).aliases == parse_policy(DEFAULT_POLICY).aliases
+
+
+def test_an_alias_with_both_rungs_and_tiers_is_an_error() -> None:
+    doc = copy.deepcopy(DEFAULT_POLICY)
+    doc["aliases"]["auto"]["tiers"] = [{"model": "tiny"}]
+    with pytest.raises(PolicyError) as e:
+        parse_policy(doc)
+    assert e.value.path == "aliases.auto.tiers"
 
 
 def test_a_document_that_is_not_an_object() -> None:

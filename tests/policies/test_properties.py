@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loragate.messages import WorkerState
-from policies.catalog import PLUGIN_TYPES
 from policies.default_policy import DEFAULT_POLICY
 from policies.difficulty import DifficultyQuery, HeuristicEstimator
 from policies.document import parse_policy
 from policies.framework import Picker, Scorer
+from policies.plugin_types import PLUGIN_TYPES
 from policies.types import Candidate, Outcome, RouteRequest
 
 MODELS = ("tiny", "small")
@@ -70,8 +70,8 @@ def requests(draw: st.DrawFn) -> RouteRequest:
         block_hashes=tuple(range(1, blocks + 1)),
         allowed_tenants=draw(st.sampled_from([(), ("t1",)])),
         now=draw(st.sampled_from([0.0, 1000.0, 1003.0])),
-        tier_models=ladder,
-        target_tier=draw(st.sampled_from([None, 0, 1])) if ladder else None,
+        ladder_models=ladder,
+        target_rung=draw(st.sampled_from([None, 0, 1])) if ladder else None,
     )
 
 

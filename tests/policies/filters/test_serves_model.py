@@ -16,7 +16,7 @@ from tests.policies.factories import candidate, request
         pytest.param({}, "tiny", True, id="same base model"),
         pytest.param({}, "small", False, id="other base model"),
         pytest.param(
-            {"base": "tiny", "tier_models": ("tiny", "small")}, "small", True, id="on the alias ladder"
+            {"base": "tiny", "ladder_models": ("tiny", "small")}, "small", True, id="on the alias ladder"
         ),
     ],
 )

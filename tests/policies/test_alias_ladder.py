@@ -1,13 +1,13 @@
-"""Aliases: difficulty bands → model, shifted one tier down when the chosen pool is saturated."""
+"""Aliases: difficulty bands → model, shifted one rung down when the chosen pool is saturated."""
 
 from __future__ import annotations
 
 import pytest
 
-from policies.tiers import Alias, TierBand, choose_tier, pool_saturation
+from policies.alias_ladder import Alias, Rung, choose_rung, pool_saturation
 from tests.policies.factories import candidate
 
-AUTO = Alias("auto", (TierBand("tiny", 0.4), TierBand("small", 0.8), TierBand("large")), 0.85, 0.15)
+AUTO = Alias("auto", (Rung("tiny", 0.4), Rung("small", 0.8), Rung("large")), 0.85, 0.15)
 
 
 @pytest.mark.parametrize(
@@ -19,18 +19,18 @@ AUTO = Alias("auto", (TierBand("tiny", 0.4), TierBand("small", 0.8), TierBand("l
         pytest.param(
             0.9, {"large": 0.9, "small": 0.1}, "small", "shifted to small", id="saturated: shift down"
         ),
-        pytest.param(0.2, {"tiny": 0.99}, "tiny", "no smaller tier", id="saturated lowest tier stays"),
-        pytest.param(0.9, {"large": 0.9, "small": 0.95}, "large", "as busy", id="lower tier as busy: stay"),
+        pytest.param(0.2, {"tiny": 0.99}, "tiny", "no smaller rung", id="saturated lowest rung stays"),
+        pytest.param(0.9, {"large": 0.9, "small": 0.95}, "large", "as busy", id="lower rung as busy: stay"),
         pytest.param(0.99, {"large": 0.9}, "large", "too hard to shift", id="beyond the shift margin: stay"),
     ],
 )
-def test_choose_tier(score: float, saturation: dict[str, float], model: str, reason: str) -> None:
-    chosen, why = choose_tier(AUTO, score, saturation)
+def test_choose_rung(score: float, saturation: dict[str, float], model: str, reason: str) -> None:
+    chosen, why = choose_rung(AUTO, score, saturation)
     assert chosen == model and reason in why
 
 
 def test_a_closed_last_band_still_takes_higher_scores() -> None:
-    alias = Alias("a", (TierBand("tiny", 0.4), TierBand("small", 0.8)))
+    alias = Alias("a", (Rung("tiny", 0.4), Rung("small", 0.8)))
     assert alias.band(0.95) == 1 and alias.models == ("tiny", "small")
 
 

@@ -36,7 +36,7 @@ class Target:
         return self.adapter.key if self.adapter else self.base
 
 
-class Catalog:
+class ModelCatalog:
     def __init__(self, r: aioredis.Redis, fleet: Fleet, ttl_s: float = 1.0):
         self.redis, self.fleet, self.ttl_s = r, fleet, ttl_s
         self._adapters: dict[str, AdapterRecord] = {}

@@ -18,7 +18,7 @@ from policies.filters.tenant_allowed import TenantAllowed
 from policies.framework import Plugin
 from policies.pickers.maximum import MaxPicker
 from policies.pickers.round_robin import RoundRobinPicker
-from policies.pickers.uniform import RandomPicker
+from policies.pickers.uniform import UniformPicker
 from policies.pickers.weighted_random import WeightedRandomPicker
 from policies.scorers.adapter import AdapterScorer
 from policies.scorers.cost import CostScorer
@@ -41,7 +41,7 @@ _ALL: tuple[type[Plugin], ...] = (
     MaxPicker,
     WeightedRandomPicker,
     RoundRobinPicker,
-    RandomPicker,
+    UniformPicker,
 )
 
 PLUGIN_TYPES: Mapping[str, type[Plugin]] = MappingProxyType({cls.type_name: cls for cls in _ALL})

@@ -1,0 +1,333 @@
+"""OpenAI request parsing: every refusal is a 400 naming its parameter, and what parses is exactly the
+sampling the worker will use; response bodies and chunks have the OpenAI shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.errors import APIError
+from gateway.protocol import (
+    SEED_MAX,
+    SEED_MIN,
+    ParsedRequest,
+    chat_body,
+    chat_chunk,
+    chat_messages,
+    completion_body,
+    completion_chunk,
+    completion_prompt,
+    parse_common,
+    sampling_params,
+    usage,
+    usage_chunk,
+)
+from loragate.types import SamplingParams
+
+
+def _refused(call: Any, *args: Any) -> APIError:
+    with pytest.raises(APIError) as e:
+        call(*args)
+    assert e.value.status == 400 and e.value.type == "invalid_request_error"
+    return e.value
+
+
+# (body, chat, param named, words in the message)
+PARSE_ERRORS = [
+    pytest.param({"n": 2}, False, "n", "Only n=1", id="n above 1"),
+    pytest.param({"n": 0}, False, "n", "Only n=1", id="n zero"),
+    pytest.param({"logprobs": True}, True, "logprobs", "not supported", id="logprobs"),
+    pytest.param({"logprobs": 2}, False, "logprobs", "not supported", id="logprobs count"),
+    pytest.param({"top_logprobs": 3}, True, "top_logprobs", "not supported", id="top_logprobs"),
+    pytest.param({"echo": True}, False, "echo", "not supported", id="echo"),
+    pytest.param({"best_of": 2}, False, "best_of", "not supported", id="best_of above 1"),
+    pytest.param({"logit_bias": {"1": 5}}, True, "logit_bias", "not supported", id="logit_bias"),
+    pytest.param({"tools": [{"type": "function"}]}, True, "tools", "not supported", id="tools"),
+    pytest.param({"functions": [{"name": "f"}]}, True, "functions", "not supported", id="functions"),
+    pytest.param({"presence_penalty": 0.5}, True, "presence_penalty", "use 0", id="presence penalty"),
+    pytest.param({"frequency_penalty": -1}, True, "frequency_penalty", "use 0", id="frequency penalty"),
+    pytest.param({"presence_penalty": 3}, True, "presence_penalty", "-2.0 and 2.0", id="penalty range"),
+    pytest.param({"stream": "yes"}, False, "stream", "boolean", id="stream not a boolean"),
+    pytest.param({"stream_options": [1]}, False, "stream_options", "object", id="stream_options a list"),
+    pytest.param({"stop": 3}, False, "stop", "up to 4", id="stop a number"),
+    pytest.param({"stop": ["a", "b", "c", "d", "e"]}, False, "stop", "up to 4", id="five stops"),
+    pytest.param({"stop": ["a", ""]}, False, "stop", "non-empty", id="an empty stop in a list"),
+    pytest.param({"stop": ["a", 1]}, False, "stop", "up to 4", id="a stop not a string"),
+    pytest.param({"stop": ""}, False, "stop", "must not be empty", id="empty stop string"),
+    pytest.param({"max_tokens": 0}, False, "max_tokens", "between 1 and", id="max_tokens zero"),
+    pytest.param({"max_tokens": 1.5}, False, "max_tokens", "integer", id="max_tokens a float"),
+    pytest.param({"max_tokens": True}, False, "max_tokens", "integer", id="max_tokens a boolean"),
+    pytest.param({"max_tokens": 2**31}, False, "max_tokens", "integer", id="max_tokens too big"),
+    pytest.param(
+        {"max_completion_tokens": 0}, True, "max_completion_tokens", "between 1", id="max_completion_tokens"
+    ),
+    pytest.param({"seed": SEED_MAX + 1}, False, "seed", "integer", id="seed above u64"),
+    pytest.param({"seed": SEED_MIN - 1}, False, "seed", "integer", id="seed below i64"),
+    pytest.param({"seed": "7"}, False, "seed", "integer", id="seed a string"),
+    pytest.param({"user": 7}, False, "user", "string", id="user not a string"),
+    pytest.param({"temperature": 2.5}, False, "temperature", "between 0.0 and 2.0", id="temperature high"),
+    pytest.param({"temperature": -0.1}, False, "temperature", "between", id="temperature negative"),
+    pytest.param({"temperature": "hot"}, False, "temperature", "number", id="temperature a string"),
+    pytest.param({"temperature": False}, False, "temperature", "number", id="temperature a boolean"),
+    pytest.param({"top_p": 0}, False, "top_p", "between", id="top_p zero"),
+    pytest.param({"top_p": 1.01}, False, "top_p", "between", id="top_p above 1"),
+    pytest.param({"top_k": -1}, False, "top_k", "integer between 0", id="top_k negative"),
+    pytest.param({"ignore_eos": 1}, False, "ignore_eos", "boolean", id="ignore_eos not a boolean"),
+]
+
+
+@pytest.mark.parametrize(("body", "chat", "param", "words"), PARSE_ERRORS)
+def test_parse_common_refuses(body: dict[str, Any], chat: bool, param: str, words: str) -> None:
+    error = _refused(parse_common, {"model": "m", **body}, chat)
+    assert error.param == param and words in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"logprobs": False, "echo": False, "best_of": 1, "n": 1}, id="neutral values"),
+        pytest.param({"logprobs": 0, "top_logprobs": None, "tools": None}, id="zero and null"),
+        pytest.param({"presence_penalty": 0, "frequency_penalty": 0.0}, id="zero penalties"),
+    ],
+)
+def test_parse_common_accepts_neutral_values_of_unsupported_features(body: dict[str, Any]) -> None:
+    assert parse_common({"model": "m", **body}, chat=True).params["temperature"] == 1.0
+
+
+def test_parse_common_defaults() -> None:
+    assert parse_common({"model": "m"}, chat=False) == ParsedRequest(
+        model="m",
+        stream=False,
+        include_usage=False,
+        max_tokens=None,
+        params={"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None, "stop": (), "ignore_eos": False},
+        user=None,
+    )
+
+
+def test_parse_common_reads_every_field() -> None:
+    body = {
+        "model": "tiny:a",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 9,
+        "temperature": 0,
+        "top_p": 0.5,
+        "top_k": 4,
+        "seed": SEED_MIN,
+        "stop": ["x", "y"],
+        "ignore_eos": True,
+        "user": "u1",
+    }
+    parsed = parse_common(body, chat=False)
+    assert (parsed.model, parsed.stream, parsed.include_usage, parsed.max_tokens, parsed.user) == (
+        "tiny:a",
+        True,
+        True,
+        9,
+        "u1",
+    )
+    assert parsed.params == {
+        "temperature": 0.0,
+        "top_p": 0.5,
+        "top_k": 4,
+        "seed": SEED_MIN,
+        "stop": ("x", "y"),
+        "ignore_eos": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "expected"),
+    [
+        pytest.param({"stop": "end"}, False, ("end",), id="one stop string"),
+        pytest.param({"stop": None}, False, (), id="null stop"),
+        pytest.param({"stop": []}, False, (), id="empty stop list"),
+    ],
+)
+def test_stop_forms(body: dict[str, Any], chat: bool, expected: tuple[str, ...]) -> None:
+    assert parse_common(body, chat).params["stop"] == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "expected"),
+    [
+        pytest.param({"max_completion_tokens": 7}, True, 7, id="chat: max_completion_tokens"),
+        pytest.param({"max_completion_tokens": 7, "max_tokens": 3}, True, 3, id="chat: max_tokens wins"),
+        pytest.param({"max_completion_tokens": 7}, False, None, id="completions ignore it"),
+        pytest.param({"max_tokens": None}, False, None, id="null max_tokens"),
+    ],
+)
+def test_max_tokens(body: dict[str, Any], chat: bool, expected: int | None) -> None:
+    assert parse_common(body, chat).max_tokens == expected
+
+
+def test_null_stream_options_mean_no_usage() -> None:
+    assert parse_common({"stream": True, "stream_options": None}, chat=True).include_usage is False
+
+
+def test_seed_accepts_unsigned_64_bit() -> None:
+    assert parse_common({"seed": SEED_MAX}, chat=False).params["seed"] == SEED_MAX
+
+
+def test_sampling_params_is_what_was_parsed() -> None:
+    parsed = parse_common({"temperature": 0.7, "top_k": 3, "stop": "z", "seed": 5}, chat=False)
+    assert sampling_params(parsed, 12) == SamplingParams(
+        max_tokens=12, temperature=0.7, top_k=3, top_p=1.0, seed=5, stop=("z",)
+    )
+
+
+def test_sampling_params_refuses_what_sampling_refuses() -> None:
+    error = _refused(sampling_params, parse_common({}, chat=False), 0)
+    assert error.param is None and "max_tokens must be >= 1" in error.message
+
+
+# --- chat messages ---------------------------------------------------------------------------------------
+
+MESSAGE_ERRORS = [
+    pytest.param({}, "messages", "non-empty list", id="missing"),
+    pytest.param({"messages": []}, "messages", "non-empty list", id="empty"),
+    pytest.param({"messages": "hi"}, "messages", "non-empty list", id="a string"),
+    pytest.param({"messages": ["hi"]}, "messages[0].role", "needs a role", id="not an object"),
+    pytest.param({"messages": [{"content": "hi"}]}, "messages[0].role", "needs a role", id="no role"),
+    pytest.param(
+        {"messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]},
+        "messages[1].role",
+        "needs a role",
+        id="unknown role",
+    ),
+    pytest.param({"messages": [{"role": "user"}]}, "messages[0].content", "string", id="no content"),
+    pytest.param(
+        {"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string", id="content a number"
+    ),
+    pytest.param(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages[0].content[0]",
+        "only text content parts",
+        id="image part",
+    ),
+    pytest.param(
+        {"messages": [{"role": "user", "content": ["hi"]}]},
+        "messages[0].content[0]",
+        "only text content parts",
+        id="part not an object",
+    ),
+    pytest.param(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+        "messages[0].content[0].text",
+        "must be a string",
+        id="text part without text",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "param", "words"), MESSAGE_ERRORS)
+def test_chat_messages_refuses(body: dict[str, Any], param: str, words: str) -> None:
+    error = _refused(chat_messages, body)
+    assert error.param == param and words in error.message, error.message
+
+
+def test_chat_messages_normalizes() -> None:
+    body = {
+        "messages": [
+            {"role": "developer", "content": "be brief", "name": "ignored"},
+            {"role": "user", "content": [{"type": "text", "text": "he"}, {"type": "text", "text": "llo"}]},
+            {"role": "assistant", "content": ""},
+            {"role": "tool", "content": "42"},
+            {"role": "system", "content": "s"},
+        ]
+    }
+    assert chat_messages(body) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": ""},
+        {"role": "tool", "content": "42"},
+        {"role": "system", "content": "s"},
+    ]
+
+
+# --- completion prompts ----------------------------------------------------------------------------------
+
+PROMPT_ERRORS = [
+    pytest.param({}, "string or a list of token ids", id="missing"),
+    pytest.param({"prompt": ""}, "must not be empty", id="empty string"),
+    pytest.param({"prompt": [""]}, "must not be empty", id="one empty string in a list"),
+    pytest.param({"prompt": []}, "string or a list of token ids", id="empty list"),
+    pytest.param({"prompt": ["a", "b"]}, "batches are not supported", id="a batch of strings"),
+    pytest.param({"prompt": [[1], [2]]}, "batches are not supported", id="a batch of token lists"),
+    pytest.param({"prompt": [1, "a"]}, "string or a list of token ids", id="mixed list"),
+    pytest.param({"prompt": [1, True]}, "string or a list of token ids", id="a boolean token"),
+    pytest.param({"prompt": [[]]}, "string or a list of token ids", id="one empty token list"),
+    pytest.param({"prompt": [3, 100]}, "must be in [0, 100)", id="token id = vocab size"),
+    pytest.param({"prompt": [-1]}, "must be in [0, 100)", id="negative token id"),
+    pytest.param({"prompt": 7}, "string or a list of token ids", id="a number"),
+]
+
+
+@pytest.mark.parametrize(("body", "words"), PROMPT_ERRORS)
+def test_completion_prompt_refuses(body: dict[str, Any], words: str) -> None:
+    error = _refused(completion_prompt, body, 100)
+    assert error.param == "prompt" and words in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        pytest.param("hello", ("hello", None), id="text"),
+        pytest.param(["hello"], ("hello", None), id="text in a one-item list"),
+        pytest.param([0, 5, 99], (None, [0, 5, 99]), id="token ids"),
+        pytest.param([[4, 2]], (None, [4, 2]), id="token ids in a one-item list"),
+    ],
+)
+def test_completion_prompt_forms(prompt: object, expected: tuple[str | None, list[int] | None]) -> None:
+    assert completion_prompt({"prompt": prompt}, 100) == expected
+
+
+# --- response shapes -------------------------------------------------------------------------------------
+
+
+def test_usage_totals_and_cached_tokens() -> None:
+    assert usage(10, 3, 4) == {
+        "prompt_tokens": 10,
+        "completion_tokens": 3,
+        "total_tokens": 13,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+
+
+def test_bodies_and_chunks() -> None:
+    use = usage(1, 2, 0)
+    body = completion_body("cmpl-1", "m", "hi", "stop", use)
+    assert body["object"] == "text_completion" and isinstance(body["created"], int)
+    assert body["choices"] == [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"] == use and (body["id"], body["model"]) == ("cmpl-1", "m")
+    chat = chat_body("chat-1", "m", "hi", "length", use)
+    assert chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
+    assert chat["choices"][0]["finish_reason"] == "length"
+    assert completion_chunk("c", "m", 5, "t", None) == {
+        "id": "c",
+        "object": "text_completion",
+        "created": 5,
+        "model": "m",
+        "choices": [{"index": 0, "text": "t", "logprobs": None, "finish_reason": None}],
+    }
+    assert chat_chunk("c", "m", 5, {"content": "t"}, "stop")["choices"] == [
+        {"index": 0, "delta": {"content": "t"}, "logprobs": None, "finish_reason": "stop"}
+    ]
+    assert chat_chunk("c", "m", 5, {}, None)["object"] == "chat.completion.chunk"
+
+
+@pytest.mark.parametrize(
+    ("chat", "kind"), [pytest.param(True, "chat.completion.chunk", id="chat"), (False, "text_completion")]
+)
+def test_usage_chunk(chat: bool, kind: str) -> None:
+    assert usage_chunk("c", "m", 5, chat, {"total_tokens": 3}) == {
+        "id": "c",
+        "object": kind,
+        "created": 5,
+        "model": "m",
+        "choices": [],
+        "usage": {"total_tokens": 3},
+    }
