@@ -59,24 +59,16 @@ def _admin(
 
 
 def _paths() -> dict[str, Any]:
-    any_ok = {200: json_response(ref("AnyObject"))}
-    no_content = {204: {"description": "Done."}}
-    policy_body = {
-        "application/json": {"schema": ref("PolicyDocument")},
-        "application/yaml": {"schema": {"type": "string"}},
-    }
+    return {**_api_paths(), **_admin_paths(), **_policy_paths()}
+
+
+_ANY_OK = {200: json_response(ref("AnyObject"))}
+_NO_CONTENT = {204: {"description": "Done."}}
+
+
+def _api_paths() -> dict[str, Any]:
+    """Health, metrics, this document, and the OpenAI-compatible endpoints."""
     gen_errors = {401, 403, 404, 429, 503, 504}
-    adapter_params = _path_params("base", "name")
-    adapter_links = {
-        "DeleteAdapter": {
-            "operationId": "deleteAdapter",
-            "parameters": {"base": "$response.body#/base", "name": "$response.body#/name"},
-        },
-        "PinAdapter": {
-            "operationId": "pinAdapter",
-            "parameters": {"base": "$response.body#/base", "name": "$response.body#/name"},
-        },
-    }
     decision_link = {
         "GetDecision": {
             "operationId": "getDecision",
@@ -104,7 +96,7 @@ def _paths() -> dict[str, Any]:
                 None,
             )
         },
-        "/openapi.json": {"get": _op("openapi", "This document.", any_ok, (), None)},
+        "/openapi.json": {"get": _op("openapi", "This document.", _ANY_OK, (), None)},
         "/v1/models": {
             "get": _op(
                 "listModels",
@@ -146,8 +138,25 @@ def _paths() -> dict[str, Any]:
                 body={"application/json": {"schema": ref("ChatCompletionRequest")}},
             )
         },
-        "/admin/workers": {"get": _admin("listWorkers", "The fleet's workers and their queues.", any_ok)},
-        "/admin/adapters": {"get": _admin("listAdapters", "The adapter registry.", any_ok)},
+    }
+
+
+def _admin_paths() -> dict[str, Any]:
+    """The fleet, the adapter registry and API keys."""
+    adapter_params = _path_params("base", "name")
+    adapter_links = {
+        "DeleteAdapter": {
+            "operationId": "deleteAdapter",
+            "parameters": {"base": "$response.body#/base", "name": "$response.body#/name"},
+        },
+        "PinAdapter": {
+            "operationId": "pinAdapter",
+            "parameters": {"base": "$response.body#/base", "name": "$response.body#/name"},
+        },
+    }
+    return {
+        "/admin/workers": {"get": _admin("listWorkers", "The fleet's workers and their queues.", _ANY_OK)},
+        "/admin/adapters": {"get": _admin("listAdapters", "The adapter registry.", _ANY_OK)},
         "/admin/adapters/{base}/{name}": {
             "put": _admin(
                 "putAdapter",
@@ -157,7 +166,7 @@ def _paths() -> dict[str, Any]:
                 params=adapter_params,
             ),
             "delete": _admin(
-                "deleteAdapter", "Unregister an adapter.", no_content, {404}, params=adapter_params
+                "deleteAdapter", "Unregister an adapter.", _NO_CONTENT, {404}, params=adapter_params
             ),
         },
         "/admin/adapters/{base}/{name}/pin": {
@@ -188,19 +197,29 @@ def _paths() -> dict[str, Any]:
                 },
                 body={"application/json": {"schema": ref("KeyRequest")}},
             ),
-            "get": _admin("listKeys", "Key ids and tenants.", any_ok),
+            "get": _admin("listKeys", "Key ids and tenants.", _ANY_OK),
         },
         "/admin/keys/{key_id}": {
             "delete": _admin(
                 "deleteKey",
                 "Revoke a key by its id (a prefix of 8+ characters).",
-                no_content,
+                _NO_CONTENT,
                 {404},
                 params=[{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}],
             )
         },
+    }
+
+
+def _policy_paths() -> dict[str, Any]:
+    """The routing policy, its shadow, statistics and decisions."""
+    policy_body = {
+        "application/json": {"schema": ref("PolicyDocument")},
+        "application/yaml": {"schema": {"type": "string"}},
+    }
+    return {
         "/admin/policy": {
-            "get": _admin("getPolicy", "The active routing policy.", any_ok),
+            "get": _admin("getPolicy", "The active routing policy.", _ANY_OK),
             "put": _admin(
                 "putPolicy",
                 "Replace the routing policy (validated; a new version).",
@@ -220,7 +239,7 @@ def _paths() -> dict[str, Any]:
                 params=[{"name": "note", "in": "query", "required": False, "schema": {"type": "string"}}],
             ),
         },
-        "/admin/policy/history": {"get": _admin("policyHistory", "Policy versions.", any_ok)},
+        "/admin/policy/history": {"get": _admin("policyHistory", "Policy versions.", _ANY_OK)},
         "/admin/policy/rollback": {
             "post": _admin(
                 "rollbackPolicy",
@@ -231,21 +250,21 @@ def _paths() -> dict[str, Any]:
             )
         },
         "/admin/policy/shadow": {
-            "get": _admin("getShadow", "The shadow policy and its agreement report.", any_ok),
+            "get": _admin("getShadow", "The shadow policy and its agreement report.", _ANY_OK),
             "put": _admin(
                 "putShadow",
                 "Evaluate a policy in the shadow of the active one.",
                 {201: json_response(ref("AnyObject"), "Set.")},
                 body=policy_body,
             ),
-            "delete": _admin("deleteShadow", "Stop shadowing.", no_content),
+            "delete": _admin("deleteShadow", "Stop shadowing.", _NO_CONTENT),
         },
-        "/admin/policy/stats": {"get": _admin("policyStats", "Routing decision statistics.", any_ok)},
+        "/admin/policy/stats": {"get": _admin("policyStats", "Routing decision statistics.", _ANY_OK)},
         "/admin/decisions/{decision_id}": {
             "get": _admin(
                 "getDecision",
                 "One routing decision (kept for an hour).",
-                any_ok,
+                _ANY_OK,
                 {404},
                 params=[
                     {"name": "decision_id", "in": "path", "required": True, "schema": {"type": "string"}}
