@@ -74,7 +74,7 @@ def build_forward_batch(
     slots: list[int] = []
     token_lora: list[int] = []
     logits_rows: list[int] = []
-    samplers: list[Sequence] = []
+    sampled_seqs: list[Sequence] = []
     for seq, n in (*decode, *prefill):
         start = seq.num_computed_tokens
         table = seq.block_table
@@ -85,7 +85,7 @@ def build_forward_batch(
         token_lora.extend([seq.lora_slot] * n)
         if start + n == seq.num_tokens:
             logits_rows.append(len(ids) - 1)
-            samplers.append(seq)
+            sampled_seqs.append(seq)
     query_starts = [0]
     for _, n in prefill:
         query_starts.append(query_starts[-1] + n)
@@ -122,4 +122,4 @@ def build_forward_batch(
         logits_indices=t[8],
         lora=LoRABatchMeta(t[9], t[10], t[11], segments) if has_lora else None,
     )
-    return batch, [*decode, *prefill], samplers
+    return batch, [*decode, *prefill], sampled_seqs
