@@ -11,6 +11,7 @@ test_engine_triton_interpreter.py.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -65,8 +66,11 @@ def state_tensors(engine: LLMEngine) -> dict[str, torch.Tensor]:
 
 
 def recording(calls: list[tuple[str, set[str]]], name: str) -> Callable[..., None]:
-    def kernel(*args: Any) -> None:
-        calls.append((name, {str(a.device) for a in args if isinstance(a, torch.Tensor)}))
+    def kernel(*args: Any, **kwargs: Any) -> None:
+        values = [*args, *kwargs.values()]
+        # The tensors of a metadata object (`AttentionMeta`, `LoRABatchMeta`) count too.
+        values += [v for m in values if dataclasses.is_dataclass(m) for v in vars(m).values()]
+        calls.append((name, {str(a.device) for a in values if isinstance(a, torch.Tensor)}))
 
     return kernel
 
@@ -84,8 +88,9 @@ def test_a_step_on_the_meta_device_leaves_nothing_on_the_host(
         scheduled = engine.scheduler.schedule().scheduled
         batch, order, sampled_seqs, lora = engine._prepare(scheduled)
         assert lora is not None and lora.active_modules
-        batch_tensors = [v for v in vars(batch).values() if isinstance(v, torch.Tensor)]
-        batch_tensors += [batch.lora.seg_indptr, batch.lora.slot_ids, batch.lora.token_slots]  # type: ignore[union-attr]
+        metas = (batch.decode, batch.prefill, batch.lora)
+        batch_tensors = [v for m in (batch, *metas) for v in vars(m).values() if isinstance(v, torch.Tensor)]
+        assert len(batch_tensors) == 4 + 2 + 3 + 2, step  # the batch's own, decode, prefill and LoRA
         assert {t.device.type for t in batch_tensors} == {"meta"}, step
         logits = engine.runner.forward(batch, lora)
         # Sampled rows (top-k, top-p) next to greedy ones; no generator, as meta cannot have one.
