@@ -201,6 +201,9 @@ class LLMEngine:
 
     # -- state, for heartbeats, metrics and routers -------------------------------------------------
     def snapshot(self) -> EngineSnapshot:
+        """The engine's load and cache counters now. Also called from the metrics server's thread: it
+        only reads, and copies each container in one C-level call (`len`, `tuple`), which the GIL keeps
+        whole while the engine's thread changes it."""
         blocks, adapters, stats = self.blocks, self.adapters, self.stats
         return EngineSnapshot(
             running=len(self.scheduler.running),
