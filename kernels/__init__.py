@@ -1,14 +1,17 @@
-"""Kernels of the worker's hot path: multi-LoRA SGMV and paged attention (imports only torch/triton)."""
+"""Kernels of the worker's hot path: multi-LoRA SGMV and paged attention (imports only torch/triton).
+
+Each entry point takes its tensors (output first, updated in place) and one per-step metadata object
+(`LoRABatchMeta`, `AttentionMeta`) that every layer shares; per-layer scalars are keyword-only.
+"""
 
 from kernels.attention import paged_attention_decode, paged_attention_prefill, write_kv
-from kernels.bgmv import bgmv_expand, bgmv_shrink
+from kernels.attention_meta import AttentionMeta
 from kernels.lora_meta import LoRABatchMeta
 from kernels.sgmv import sgmv_expand, sgmv_shrink
 
 __all__ = [
+    "AttentionMeta",
     "LoRABatchMeta",
-    "bgmv_expand",
-    "bgmv_shrink",
     "paged_attention_decode",
     "paged_attention_prefill",
     "sgmv_expand",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.attention_meta import AttentionMeta
 from kernels.attention_torch import (
     paged_attention_decode_torch,
     paged_attention_prefill_torch,
@@ -49,16 +50,16 @@ def paged_attention_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
+    meta: AttentionMeta,
+    *,
     scale: float,
     sliding_window: int | None = None,
 ) -> None:
     """Decode attention: one query token per sequence over its paged context (or the window's end of it).
 
     Semantics:
-        for b: c = context_lens[b];  lo = max(0, c - sliding_window) if sliding_window else 0
-            K_b, V_b = cached tokens lo .. c - 1 along block_tables[b]
+        for b: c = meta.context_lens[b];  lo = max(0, c - sliding_window) if sliding_window else 0
+            K_b, V_b = cached tokens lo .. c - 1 along meta.block_tables[b]
             out[b, h] = softmax(scale * q[b, h] @ K_b[:, h // G].T) @ V_b[:, h // G],  G = H / KVH
 
     Args:
@@ -66,20 +67,22 @@ def paged_attention_decode(
         q: Shape `[B, H, D]`. One query per sequence (after RoPE).
         k_cache: Shape `[NB, BS, KVH, D]`. Key cache of this layer.
         v_cache: Shape `[NB, BS, KVH, D]`. Value cache of this layer.
-        block_tables: Shape `[B, max_blocks]`, int64. Block ids per sequence; entries past the context
-            are ignored (may be any value).
-        context_lens: Shape `[B]`, int64. Tokens in each sequence's context, the query's own included.
+        meta: The decode group (`AttentionMeta`): `block_tables` `[B, max_blocks]` (entries past the
+            context are ignored) and `context_lens` `[B]` (the query's own token included), int64.
         scale: Softmax scale, usually `D ** -0.5`.
         sliding_window: Scalar, `None` or `>= 1`. Keys the query sees, its own included (`None`: all).
     """
-    args = (out, q, k_cache, v_cache, block_tables, context_lens, scale)
     check_window(sliding_window)
     if use_triton(q):
         from kernels.attention_triton import paged_attention_decode_triton
 
-        paged_attention_decode_triton(*args, sliding_window=sliding_window)
+        paged_attention_decode_triton(
+            out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
+        )
     else:
-        paged_attention_decode_torch(*args, sliding_window=sliding_window)
+        paged_attention_decode_torch(
+            out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
+        )
 
 
 def paged_attention_prefill(
@@ -87,38 +90,42 @@ def paged_attention_prefill(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
+    meta: AttentionMeta,
+    *,
     scale: float,
     sliding_window: int | None = None,
 ) -> None:
     """Prefill / chunked-prefill attention: each sequence's new queries over its cached prefix + itself.
 
     Semantics:
-        for b: queries q[s[b]:s[b+1]] sit at the last n_b = s[b+1] - s[b] positions of a context of
-            c_b = context_lens[b] tokens; query j, at position p = c_b - n_b + j, attends to context
-            tokens max(0, p - sliding_window + 1) .. p (causal; from 0 when sliding_window is None).
+        for b, s = meta.query_start_loc: queries q[s[b]:s[b+1]] sit at the last n_b = s[b+1] - s[b]
+            positions of a context of c_b = meta.context_lens[b] tokens; query j, at position
+            p = c_b - n_b + j, attends to context tokens max(0, p - sliding_window + 1) .. p (causal;
+            from 0 when sliding_window is None).
 
     Args:
         out: Shape `[T, H, D]`. Output, written in place.
         q: Shape `[T, H, D]`. Queries of all prefill sequences, contiguous per sequence.
         k_cache: Shape `[NB, BS, KVH, D]`. Key cache of this layer (the new tokens already written).
         v_cache: Shape `[NB, BS, KVH, D]`. Value cache of this layer.
-        block_tables: Shape `[B, max_blocks]`, int64. Block ids per sequence.
-        query_start_loc: Shape `[B + 1]`, int64. Start of each sequence's queries in `q`.
-        context_lens: Shape `[B]`, int64. Context length per sequence, the new tokens included.
+        meta: The prefill group (`AttentionMeta`): `block_tables` `[B, max_blocks]`, `query_start_loc`
+            `[B + 1]` (required) and `context_lens` `[B]` (the new tokens included), int64.
         scale: Softmax scale.
         sliding_window: Scalar, `None` or `>= 1`. Keys each query sees, its own included (`None`: all).
     """
-    args = (out, q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
     check_window(sliding_window)
+    if meta.query_start_loc is None:
+        raise ValueError("prefill attention needs meta.query_start_loc")
     if use_triton(q):
         from kernels.attention_triton import paged_attention_prefill_triton
 
-        paged_attention_prefill_triton(*args, sliding_window=sliding_window)
+        paged_attention_prefill_triton(
+            out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
+        )
     else:
-        paged_attention_prefill_torch(*args, sliding_window=sliding_window)
+        paged_attention_prefill_torch(
+            out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
+        )
 
 
 def check_window(sliding_window: int | None) -> None:

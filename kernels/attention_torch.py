@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.attention_meta import AttentionMeta
+
 # Gathered K+V bytes per decode group: about half of one core's L2 here.
 DECODE_GROUP_BYTES = 1 << 20
 # fp32 score bytes per prefill query tile.
@@ -63,11 +65,12 @@ def paged_attention_decode_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
+    meta: AttentionMeta,
+    *,
     scale: float,
     sliding_window: int | None = None,
 ) -> None:
+    block_tables, context_lens = meta.block_tables, meta.context_lens
     batch, num_heads, head_dim = q.shape
     if batch == 0:
         return
@@ -147,12 +150,13 @@ def paged_attention_prefill_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
+    meta: AttentionMeta,
+    *,
     scale: float,
     sliding_window: int | None = None,
 ) -> None:
+    assert meta.query_start_loc is not None  # checked by `kernels.attention.paged_attention_prefill`
+    block_tables, query_start_loc, context_lens = meta.block_tables, meta.query_start_loc, meta.context_lens
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, kvh = k_cache.shape[1], k_cache.shape[2]
     starts = query_start_loc.tolist()

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_meta import AttentionMeta
 from kernels.triton_util import (
     HOPPER_SMS,
     dot_flags,
@@ -266,15 +267,15 @@ def paged_attention_decode_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
+    meta: AttentionMeta,
     *,
+    scale: float,
     sliding_window: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,
 ) -> None:
     """`kernels.attention.paged_attention_decode` on the GPU; keyword-only knobs override heuristics."""
+    block_tables, context_lens = meta.block_tables, meta.context_lens
     batch, num_heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     if batch == 0:
@@ -358,16 +359,17 @@ def paged_attention_prefill_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
+    meta: AttentionMeta,
     *,
+    scale: float,
     sliding_window: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> None:
     """`kernels.attention.paged_attention_prefill` on the GPU; keyword-only tiles override heuristics."""
+    if meta.query_start_loc is None:
+        raise ValueError("prefill attention needs meta.query_start_loc")
+    block_tables, query_start_loc, context_lens = meta.block_tables, meta.query_start_loc, meta.context_lens
     num_tokens, num_heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     batch = context_lens.shape[0]

@@ -2,7 +2,9 @@
 
 Worked example: token slots `[2, 2, 2, -1, -1, 0, 0, 0, 0]` (the engine orders a batch's sequences by
 slot, so tokens of one adapter are contiguous) give three segments:
-`seg_indptr = [0, 3, 5, 9]`, `slot_ids = [2, -1, 0]`. Slot -1 means "no adapter"; kernels skip it.
+`seg_indptr = [0, 3, 5, 9]`, `slot_ids = [2, -1, 0]`, and on the host `segments = ((0, 3, 2), (5, 9, 0))`
+(slot -1 dropped). Slot -1 means "no adapter"; kernels skip it. The Triton kernels read the two device
+tensors; the torch path loops over `segments`, so no layer reads segment bounds back from the device.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+Segment = tuple[int, int, int]  # (first token, end token, adapter slot >= 0)
+
 
 @dataclass(frozen=True)
 class LoRABatchMeta:
@@ -18,21 +22,20 @@ class LoRABatchMeta:
 
     seg_indptr: [num_segments + 1] int64, on the compute device.
     slot_ids: [num_segments] int64, on the compute device.
-    token_slots: [num_tokens] int64, the per-token slot (for BGMV-style decode kernels).
-    segments: the same segments as Python `(start, end, slot)` tuples, slot >= 0 only (CPU loops).
+    segments: the same segments as Python `(start, end, slot)` tuples, non-empty and slot >= 0 only
+        (the torch path's loop, and the step's active slots).
     """
 
     seg_indptr: torch.Tensor
     slot_ids: torch.Tensor
-    token_slots: torch.Tensor
-    segments: tuple[tuple[int, int, int], ...]
+    segments: tuple[Segment, ...]
 
     @property
     def active_slots(self) -> frozenset[int]:
         return frozenset(slot for _, _, slot in self.segments)
 
     @staticmethod
-    def runs(token_slots: list[int]) -> tuple[list[int], list[int], tuple[tuple[int, int, int], ...]]:
+    def runs(token_slots: list[int]) -> tuple[list[int], list[int], tuple[Segment, ...]]:
         """`(seg_indptr, slot_ids, segments)` on the host: maximal runs of equal consecutive slots become
         segments. For callers that move the two lists to the device themselves."""
         starts = [i for i, s in enumerate(token_slots) if i == 0 or s != token_slots[i - 1]]
@@ -48,6 +51,5 @@ class LoRABatchMeta:
         return LoRABatchMeta(
             seg_indptr=torch.tensor(bounds, dtype=torch.int64, device=device),
             slot_ids=torch.tensor(slots, dtype=torch.int64, device=device),
-            token_slots=torch.tensor(token_slots, dtype=torch.int64, device=device),
             segments=segments,
         )

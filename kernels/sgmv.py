@@ -6,8 +6,8 @@ A LoRA-wrapped projection computes `y += scale * (x @ A[slot]^T) @ B[slot]^T` pe
 qkv / gate-up output). Adapter weights are stacked per layer and slot, padded to the largest rank; an
 optional rank table lets a backend skip the padding. The backend follows the tensors' device (see
 `kernels.backend`): the Triton kernels of `kernels.sgmv_triton` on CUDA, the torch loop of
-`kernels.sgmv_torch` otherwise. For decode-only steps (one token per sequence) `kernels.bgmv` is the
-per-token variant.
+`kernels.sgmv_torch` otherwise. The segments come in the step's `LoRABatchMeta`, built once per step
+and shared by every projection of every layer.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import use_triton
+from kernels.lora_meta import LoRABatchMeta
 from kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
 
 
@@ -22,8 +23,8 @@ def sgmv_shrink(
     y: torch.Tensor,
     x: torch.Tensor,
     lora_a: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    slot_ids: torch.Tensor,
+    meta: LoRABatchMeta,
+    *,
     layer: int,
     scale: torch.Tensor,
     ranks: torch.Tensor | None = None,
@@ -31,7 +32,7 @@ def sgmv_shrink(
     """Shrink: project each segment's inputs onto its adapter's A, scaled.
 
     Semantics:
-        for i with slot_ids[i] >= 0, s = seg_indptr:
+        for i with slot_ids[i] >= 0, s = seg_indptr (both from `meta`):
             y[s[i]:s[i+1], :r] += scale[slot_ids[i]] * x[s[i]:s[i+1]] @ lora_a[layer, slot_ids[i], :r].T
         where r = ranks[slot_ids[i]] (or R). Rows of segments with slot -1 are left as they are.
 
@@ -39,8 +40,8 @@ def sgmv_shrink(
         y: Shape `[T, R]`. Output, updated in place (callers zero it first).
         x: Shape `[T, H_in]`. Input activations, segments contiguous.
         lora_a: Shape `[L, S, R, H_in]`. Stacked A weights per layer and slot, zero-padded to rank R.
-        seg_indptr: Shape `[num_segments + 1]`, int64. Segment boundaries into the token dimension.
-        slot_ids: Shape `[num_segments]`, int64. Adapter slot of each segment; -1 = no adapter.
+        meta: The step's segments (`LoRABatchMeta`): `seg_indptr` `[num_segments + 1]` and `slot_ids`
+            `[num_segments]` (int64, on x's device; slot -1 = no adapter) and the same on the host.
         layer: Layer index into `lora_a`.
         scale: Shape `[S]`. Per-slot LoRA scaling (alpha / r, or alpha / sqrt(r) with rsLoRA).
         ranks: Shape `[S]`, int64, optional. True rank per slot (0 = this module is not adapted).
@@ -48,17 +49,17 @@ def sgmv_shrink(
     if use_triton(x):
         from kernels.sgmv_triton import sgmv_shrink_triton
 
-        sgmv_shrink_triton(y, x, lora_a, seg_indptr, slot_ids, layer, scale, ranks)
+        sgmv_shrink_triton(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
     else:
-        sgmv_shrink_torch(y, x, lora_a, seg_indptr, slot_ids, layer, scale, ranks)
+        sgmv_shrink_torch(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
 
 
 def sgmv_expand(
     y: torch.Tensor,
     v: torch.Tensor,
     lora_b: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    slot_ids: torch.Tensor,
+    meta: LoRABatchMeta,
+    *,
     layer: int,
     y_offset: int = 0,
     ranks: torch.Tensor | None = None,
@@ -66,15 +67,14 @@ def sgmv_expand(
     """Expand: add each segment's rank-space activations times its adapter's B into a column slice of y.
 
     Semantics:
-        for i with slot_ids[i] >= 0, s = seg_indptr, o = y_offset, N = lora_b.shape[2]:
+        for i with slot_ids[i] >= 0, s = seg_indptr (both from `meta`), o = y_offset, N = lora_b.shape[2]:
             y[s[i]:s[i+1], o:o+N] += v[s[i]:s[i+1], :r] @ lora_b[layer, slot_ids[i], :, :r].T
 
     Args:
         y: Shape `[T, H_out_total]`. Output, updated in place (e.g. the fused qkv projection output).
         v: Shape `[T, R]`. The shrink output (already scaled).
         lora_b: Shape `[L, S, N, R]`. Stacked B weights per layer and slot, zero-padded to rank R.
-        seg_indptr: Shape `[num_segments + 1]`, int64. Segment boundaries.
-        slot_ids: Shape `[num_segments]`, int64. Adapter slot of each segment; -1 = no adapter.
+        meta: The step's segments (`LoRABatchMeta`), as for `sgmv_shrink`.
         layer: Layer index into `lora_b`.
         y_offset: First column of the slice of `y` this projection writes (q/k/v or gate/up part).
         ranks: Shape `[S]`, int64, optional. True rank per slot (0 = not adapted).
@@ -82,6 +82,6 @@ def sgmv_expand(
     if use_triton(v):
         from kernels.sgmv_triton import sgmv_expand_triton
 
-        sgmv_expand_triton(y, v, lora_b, seg_indptr, slot_ids, layer, y_offset, ranks)
+        sgmv_expand_triton(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
     else:
-        sgmv_expand_torch(y, v, lora_b, seg_indptr, slot_ids, layer, y_offset, ranks)
+        sgmv_expand_torch(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)

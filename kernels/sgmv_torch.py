@@ -1,10 +1,11 @@
-"""CPU (torch) path of the SGMV kernels, and the segment loop behind the BGMV one: one matmul per segment.
+"""CPU (torch) path of the SGMV kernels: one matmul per segment.
 
-Segments come from `LoRABatchMeta`: a step has at most `max_loras` adapters, so the loop runs a handful
-of times per projection, never per token. With a rank table, each slot's padded weights are sliced to its
-true rank, so a rank-8 adapter stacked in a rank-64 buffer costs rank-8 work. Gathering each token's
-weights for one batched matmul (gather-bmm) is the alternative; `loadtest.bench_kernels` measures it
-9-100× slower here, as it copies `T × R × H` weights per call.
+Segments come from `LoRABatchMeta.segments`, Python tuples computed once per step, so no projection of
+any layer reads segment bounds back from a tensor. A step has at most `max_loras` adapters, so the loop
+runs a handful of times per projection, never per token. With a rank table, each slot's padded weights
+are sliced to its true rank, so a rank-8 adapter stacked in a rank-64 buffer costs rank-8 work.
+Gathering each token's weights for one batched matmul (gather-bmm) is the alternative;
+`loadtest.bench_kernels` measures it 9-100× slower here, as it copies `T × R × H` weights per call.
 
 16-bit inputs: fp16 matmuls are slow on CPUs, so fp16 segments run in fp32. A bf16 matmul costs ~25 µs
 of fixed overhead here (oneDNN), so short bf16 segments (decode) run in fp32 too; long ones stay in bf16.
@@ -14,20 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from kernels.lora_meta import LoRABatchMeta, Segment
+
 # Up to this many rows, a bf16 segment is cheaper upcast to fp32 than on the bf16 (AMX/oneDNN) path.
 BF16_FP32_MAX_ROWS = 8
-
-Segment = tuple[int, int, int]
-
-
-def segments_of(seg_indptr: torch.Tensor, slot_ids: torch.Tensor) -> list[Segment]:
-    """`(start, end, slot)` of every non-empty segment with an adapter."""
-    bounds = seg_indptr.tolist()
-    return [
-        (bounds[i], bounds[i + 1], s)
-        for i, s in enumerate(slot_ids.tolist())
-        if s >= 0 and bounds[i + 1] > bounds[i]
-    ]
 
 
 def _addmm(out: torch.Tensor, a: torch.Tensor, b_t: torch.Tensor, alpha: float = 1.0) -> None:
@@ -42,7 +33,7 @@ def shrink_segments(
     y: torch.Tensor,
     x: torch.Tensor,
     weights: torch.Tensor,
-    segments: list[Segment],
+    segments: tuple[Segment, ...],
     scale: torch.Tensor,
     ranks: torch.Tensor | None,
 ) -> None:
@@ -58,7 +49,7 @@ def expand_segments(
     y: torch.Tensor,
     v: torch.Tensor,
     weights: torch.Tensor,
-    segments: list[Segment],
+    segments: tuple[Segment, ...],
     ranks: torch.Tensor | None,
 ) -> None:
     rank_list = ranks.tolist() if ranks is not None else None
@@ -72,24 +63,24 @@ def sgmv_shrink_torch(
     y: torch.Tensor,
     x: torch.Tensor,
     lora_a: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    slot_ids: torch.Tensor,
+    meta: LoRABatchMeta,
+    *,
     layer: int,
     scale: torch.Tensor,
     ranks: torch.Tensor | None = None,
 ) -> None:
-    shrink_segments(y, x, lora_a[layer], segments_of(seg_indptr, slot_ids), scale, ranks)
+    shrink_segments(y, x, lora_a[layer], meta.segments, scale, ranks)
 
 
 def sgmv_expand_torch(
     y: torch.Tensor,
     v: torch.Tensor,
     lora_b: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    slot_ids: torch.Tensor,
+    meta: LoRABatchMeta,
+    *,
     layer: int,
     y_offset: int = 0,
     ranks: torch.Tensor | None = None,
 ) -> None:
     out = y.narrow(1, y_offset, lora_b.shape[2])
-    expand_segments(out, v, lora_b[layer], segments_of(seg_indptr, slot_ids), ranks)
+    expand_segments(out, v, lora_b[layer], meta.segments, ranks)

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.lora_meta import LoRABatchMeta
 from kernels.triton_util import (
     HOPPER_SMS,
     dot_flags,
@@ -150,18 +151,18 @@ def sgmv_shrink_triton(
     y: torch.Tensor,
     x: torch.Tensor,
     lora_a: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    slot_ids: torch.Tensor,
+    meta: LoRABatchMeta,
+    *,
     layer: int,
     scale: torch.Tensor,
     ranks: torch.Tensor | None = None,
-    *,
     block_m: int | None = None,
     block_k: int | None = None,
     split_k: int | None = None,
 ) -> None:
     """`kernels.sgmv.sgmv_shrink` on the GPU; the keyword-only tiles override the heuristics (tests)."""
     num_tokens, hidden = x.shape
+    seg_indptr, slot_ids = meta.seg_indptr, meta.slot_ids
     weights = lora_a[layer]
     rank = weights.shape[1]
     num_segments = slot_ids.shape[0]
@@ -210,17 +211,17 @@ def sgmv_expand_triton(
     y: torch.Tensor,
     v: torch.Tensor,
     lora_b: torch.Tensor,
-    seg_indptr: torch.Tensor,
-    slot_ids: torch.Tensor,
+    meta: LoRABatchMeta,
+    *,
     layer: int,
     y_offset: int = 0,
     ranks: torch.Tensor | None = None,
-    *,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> None:
     """`kernels.sgmv.sgmv_expand` on the GPU; the keyword-only tiles override the heuristics (tests)."""
     num_tokens = v.shape[0]
+    seg_indptr, slot_ids = meta.seg_indptr, meta.slot_ids
     weights = lora_b[layer]
     out_features, rank = weights.shape[1], weights.shape[2]
     num_segments = slot_ids.shape[0]

@@ -45,7 +45,7 @@ def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> tupl
     tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
     start = time.perf_counter()
     with tqdm(total=total, desc=label, unit="tok", file=sys.stderr) as bar:
-        while engine.has_unfinished():
+        while engine.has_work():
             for out in engine.step():
                 tokens[out.request_id].extend(out.new_token_ids)
                 bar.update(len(out.new_token_ids))
@@ -111,14 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = EngineConfig(adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype)
     engine = LLMEngine(model_dir, config)
     spec = WorkloadSpec(num_requests=args.requests)
-    requests = make_workload(spec, engine.model_config.vocab_size, list(adapters))
+    requests = make_workload(spec, engine.info.vocab_size, list(adapters))
     engine.generate(
         [replace(requests[0], request_id="warmup", params=replace(requests[0].params, max_tokens=4))]
     )
 
     lora_tok_s, lora_tokens = run_loragate(engine, requests, "loragate (LoRA)")
-    stats = engine.stats
-    hit_rate = engine.blocks.hit_tokens / max(1, engine.blocks.queried_tokens)
+    stats = engine.snapshot()
+    hit_rate = stats.prefix_hit_tokens / max(1, stats.prefix_queried_tokens)
 
     base_engine = LLMEngine(model_dir, replace(config, adapters={}))
     base_requests = [replace(r, adapter=None) for r in requests]

@@ -26,9 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels import (
+    AttentionMeta,
     LoRABatchMeta,
-    bgmv_expand,
-    bgmv_shrink,
     paged_attention_decode,
     paged_attention_prefill,
     sgmv_expand,
@@ -90,15 +89,11 @@ def zipf_slots(
     return sorted(int(d) if d < num_adapters else -1 for d in draws)
 
 
-def lora_case(
-    name: str, tokens: int, hidden: int, out: int, dtype: torch.dtype, per_token: bool, repeats: int
-) -> Timing:
+def lora_case(name: str, tokens: int, hidden: int, out: int, dtype: torch.dtype, repeats: int) -> Timing:
     """One adapted projection: shrink then expand, into a column slice of a fused output."""
     gen = torch.Generator().manual_seed(tokens + hidden)
     slots_n, rank = 16, max(RANKS)
     slots = zipf_slots(tokens, slots_n, gen)
-    if per_token:  # decode: sequences in arrival order, not grouped by adapter
-        slots = [slots[i] for i in torch.randperm(tokens, generator=gen).tolist()]
     ranks = torch.tensor([RANKS[i % len(RANKS)] for i in range(slots_n)])
     x = torch.randn(tokens, hidden, generator=gen).to(dtype)
     a = (torch.randn(1, slots_n, rank, hidden, generator=gen) / hidden**0.5).to(dtype)
@@ -109,15 +104,12 @@ def lora_case(
     scale = torch.rand(slots_n, generator=gen) + 0.5
     y0 = torch.randn(tokens, 2 * out, generator=gen).to(dtype)
     meta = LoRABatchMeta.from_token_slots(slots)
+    token_slots = torch.tensor(slots)
 
     def kernel() -> torch.Tensor:
         y, v = y0.clone(), x.new_zeros(tokens, rank)
-        if per_token:
-            bgmv_shrink(v, x, a, meta.token_slots, 0, scale, ranks)
-            bgmv_expand(y, v, b, meta.token_slots, 0, out, ranks)
-        else:
-            sgmv_shrink(v, x, a, meta.seg_indptr, meta.slot_ids, 0, scale, ranks)
-            sgmv_expand(y, v, b, meta.seg_indptr, meta.slot_ids, 0, out, ranks)
+        sgmv_shrink(v, x, a, meta, layer=0, scale=scale, ranks=ranks)
+        sgmv_expand(y, v, b, meta, layer=0, y_offset=out, ranks=ranks)
         return y
 
     def naive() -> torch.Tensor:
@@ -125,8 +117,8 @@ def lora_case(
         return sgmv_expand_ref(y0, v, b, slots, 0, out, ranks.tolist())
 
     def gather_bmm() -> torch.Tensor:
-        idx = meta.token_slots.clamp_min(0)
-        keep = (meta.token_slots >= 0).to(dtype)[:, None]
+        idx = token_slots.clamp_min(0)
+        keep = (token_slots >= 0).to(dtype)[:, None]
         v = torch.bmm(a[0].index_select(0, idx), x[:, :, None])[:, :, 0] * (scale[idx, None] * keep).to(dtype)
         y = y0.clone()
         y[:, out:] += torch.bmm(b[0].index_select(0, idx), v[:, :, None])[:, :, 0]
@@ -195,11 +187,12 @@ def decode_case(name: str, batch: int, max_ctx: int, dtype: torch.dtype, repeats
             rows.append(attention_ref(q[i : i + 1], k, v, [c - 1], scale))
         return torch.cat(rows)
 
-    paged_attention_decode(out, q, kc, vc, bt, lens, scale)
+    meta = AttentionMeta(bt, lens)
+    paged_attention_decode(out, q, kc, vc, meta, scale=scale)
     err = rel_err(out, naive())
     return Timing(
         name,
-        median_ms(lambda: paged_attention_decode(out, q, kc, vc, bt, lens, scale), repeats),
+        median_ms(lambda: paged_attention_decode(out, q, kc, vc, meta, scale=scale), repeats),
         median_ms(naive, 3),
         median_ms(lambda: padded_sdpa_decode(out, q, kc, vc, bt, lens), repeats),
         err,
@@ -234,11 +227,12 @@ def prefill_case(
             o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
             out[qsl[i] : qsl[i + 1]] = o.transpose(0, 1)
 
-    paged_attention_prefill(out, q, kc, vc, bt, qsl, lens, scale)
+    meta = AttentionMeta(bt, lens, query_start_loc=qsl)
+    paged_attention_prefill(out, q, kc, vc, meta, scale=scale)
     err = rel_err(out, naive())
     return Timing(
         name,
-        median_ms(lambda: paged_attention_prefill(out, q, kc, vc, bt, qsl, lens, scale), repeats),
+        median_ms(lambda: paged_attention_prefill(out, q, kc, vc, meta, scale=scale), repeats),
         median_ms(naive, 1),
         median_ms(masked_sdpa, repeats),
         err,
@@ -251,13 +245,12 @@ def run_cases(repeats: int, quick: bool) -> list[Timing]:
     for dtype in dtypes:
         tag = "fp32" if dtype == torch.float32 else "bf16"
         lora = [
-            ("sgmv decode T=64 H=512", 64, 512, 512, False),
-            ("sgmv prefill T=256 H=512", 256, 512, 512, False),
-            ("sgmv prefill T=256 H=2048", 256, 2048, 2048, False),
-            ("bgmv decode T=64 H=2048", 64, 2048, 2048, True),
+            ("sgmv decode T=64 H=512", 64, 512, 512),
+            ("sgmv prefill T=256 H=512", 256, 512, 512),
+            ("sgmv prefill T=256 H=2048", 256, 2048, 2048),
         ]
-        for name, tokens, hidden, out, per_token in lora[: 2 if quick else None]:
-            results.append(lora_case(f"{name} {tag}", tokens, hidden, out, dtype, per_token, repeats))
+        for name, tokens, hidden, out in lora[: 2 if quick else None]:
+            results.append(lora_case(f"{name} {tag}", tokens, hidden, out, dtype, repeats))
         results.append(decode_case(f"attn decode B=64 ctx<=512 {tag}", 64, 512, dtype, repeats))
         if not quick:
             results.append(decode_case(f"attn decode B=128 ctx<=1024 {tag}", 128, 1024, dtype, repeats))

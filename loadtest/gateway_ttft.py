@@ -99,7 +99,7 @@ def engine_request(engine: LLMEngine, rid: str, ids: list[int], max_tokens: int)
     pieces: list[str] = []
     start = time.perf_counter()
     engine.add_request(Request(rid, tuple(ids), params))
-    while engine.has_unfinished():
+    while engine.has_work():
         for out in engine.step():
             if first is None and (out.text_delta or out.finished):
                 first = time.perf_counter() - start
@@ -134,7 +134,7 @@ def measure_ttft(
     favours the in-process engine: it then runs back to back, while the worker has idled during the
     request's trip through the gateway (an idle gap alone slows this machine's next engine step: about
     0.25 ms after 2 ms idle), so it is reported as a second view only."""
-    tok = load_tokenizer(engine.model_dir)
+    tok = load_tokenizer(engine.info.model_dir)
     run = TTFTRun()
     headers = {"Authorization": f"Bearer {key}"}
     with SSEClient.for_url(base, headers) as raw, httpx.Client(headers=headers, timeout=60) as client:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import LoRABatchMeta
+from kernels import AttentionMeta, LoRABatchMeta
 from worker.device import host_to_device
 from worker.sequence import Sequence
 
@@ -21,10 +21,11 @@ class ForwardBatch:
 
     input_ids, positions, slot_mapping: [T] int64.
     num_decode: the first `num_decode` tokens are decode tokens, one per sequence.
-    decode_block_tables: [num_decode, max_blocks]; decode_context_lens: [num_decode].
-    prefill_block_tables: [num_prefill_seqs, max_blocks]; prefill_query_start_loc: [num_prefill_seqs + 1]
-        relative to token `num_decode`; prefill_context_lens: [num_prefill_seqs].
-    logits_indices: [N] rows whose next-token logits are needed (one per sampling sequence).
+    decode: attention metadata of the decode sequences (`num_decode` of them).
+    num_prefill_seqs: sequences in the prefill group, whose tokens follow the decode tokens.
+    prefill: attention metadata of the prefill sequences; `query_start_loc` is relative to token
+        `num_decode`.
+    logits_indices: [N] rows whose next-token logits are needed (one per sampled sequence).
     lora: segment metadata, or None when no token uses an adapter.
     """
 
@@ -32,12 +33,9 @@ class ForwardBatch:
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     num_decode: int
-    decode_block_tables: torch.Tensor
-    decode_context_lens: torch.Tensor
+    decode: AttentionMeta
     num_prefill_seqs: int
-    prefill_block_tables: torch.Tensor
-    prefill_query_start_loc: torch.Tensor
-    prefill_context_lens: torch.Tensor
+    prefill: AttentionMeta
     logits_indices: torch.Tensor
     lora: LoRABatchMeta | None
 
@@ -74,7 +72,7 @@ def build_forward_batch(
     slots: list[int] = []
     token_lora: list[int] = []
     logits_rows: list[int] = []
-    samplers: list[Sequence] = []
+    sampled_seqs: list[Sequence] = []
     for seq, n in (*decode, *prefill):
         start = seq.num_computed_tokens
         table = seq.block_table
@@ -85,7 +83,7 @@ def build_forward_batch(
         token_lora.extend([seq.lora_slot] * n)
         if start + n == seq.num_tokens:
             logits_rows.append(len(ids) - 1)
-            samplers.append(seq)
+            sampled_seqs.append(seq)
     query_starts = [0]
     for _, n in prefill:
         query_starts.append(query_starts[-1] + n)
@@ -105,7 +103,6 @@ def build_forward_batch(
         logits_rows,
         seg_indptr,
         seg_slots,
-        token_lora if has_lora else [],
     ]
     t = pack_int64(parts, device)
     batch = ForwardBatch(
@@ -113,13 +110,12 @@ def build_forward_batch(
         positions=t[1],
         slot_mapping=t[2],
         num_decode=len(decode),
-        decode_block_tables=t[3].view(len(decode), decode_width),
-        decode_context_lens=t[4],
+        decode=AttentionMeta(block_tables=t[3].view(len(decode), decode_width), context_lens=t[4]),
         num_prefill_seqs=len(prefill),
-        prefill_block_tables=t[5].view(len(prefill), prefill_width),
-        prefill_query_start_loc=t[6],
-        prefill_context_lens=t[7],
+        prefill=AttentionMeta(
+            block_tables=t[5].view(len(prefill), prefill_width), context_lens=t[7], query_start_loc=t[6]
+        ),
         logits_indices=t[8],
-        lora=LoRABatchMeta(t[9], t[10], t[11], segments) if has_lora else None,
+        lora=LoRABatchMeta(t[9], t[10], segments) if has_lora else None,
     )
-    return batch, [*decode, *prefill], samplers
+    return batch, [*decode, *prefill], sampled_seqs

@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  → {res.text!r}  ({len(res.token_ids)} tokens, {res.finish_reason.value})\n")
     tokens = sum(len(r.token_ids) for r in results)
     rate = tokens / elapsed
-    print(f"{tokens} tokens in {elapsed:.2f}s ({rate:.0f} tok/s), {engine.stats.steps} engine steps")
+    print(f"{tokens} tokens in {elapsed:.2f}s ({rate:.0f} tok/s), {engine.snapshot().steps} engine steps")
     return 0
 
 

@@ -1,19 +1,23 @@
 """The engine: one loop of schedule → forward (paged KV, many adapters) → sample → postprocess.
 
-A worker service drives it step by step (`add_request`, `step`, `abort`); `generate` runs a list of
-requests offline to completion. Everything a request can get wrong — unknown adapter, a prompt too long
-for the context or the KV pool, token ids outside the vocabulary — fails in `add_request`, never mid-step.
+A worker service drives it step by step (`add_request`, `step`, `abort`, `has_work`); `generate` runs a
+list of requests offline to completion. Everything a request can get wrong — unknown adapter, a prompt too
+long for the context or the KV pool, token ids outside the vocabulary — fails in `add_request`, never
+mid-step. What the service publishes about the engine it reads through `info` (fixed facts), `snapshot()`
+(load and cache counters), `drain_events()` / `state_events()` (KV and adapter events for the routers) and
+the adapter methods below; the managers (`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
 """
 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
+from loragate.contracts import AdapterTier, KVEvent
 from loragate.types import FinishReason, Request, RequestOutput
 from worker.adapter_cache import AdapterCache
 from worker.batch import ForwardBatch, build_forward_batch
@@ -21,6 +25,8 @@ from worker.block_manager import BlockManager
 from worker.config import EngineConfig, ModelLoadError
 from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
 from worker.device import is_cuda
+from worker.engine_events import EngineEvents
+from worker.engine_types import Completion, EngineInfo, EngineSnapshot, EngineStats
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
 from worker.model import LoRAContext, ModelRunner
@@ -35,26 +41,6 @@ class _Tracked:
     seq: Sequence
     detok: DetokenizerState
     generator: torch.Generator | None
-
-
-@dataclass(frozen=True)
-class Completion:
-    """The final result of one request, from `generate`."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: FinishReason
-    prompt_tokens: int
-    cached_tokens: int
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0
-    decode_tokens: int = 0
-    preemptions: int = 0
-    finished: dict[str, int] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -98,11 +84,18 @@ class LLMEngine:
         self.requests: dict[str, _Tracked] = {}
         self.aborted: list[_Tracked] = []
         self.stats = EngineStats()
+        self.events = EngineEvents(self.blocks, self.adapters)
+        self.info = EngineInfo(
+            model_dir=self.model_dir,
+            max_model_len=self.max_model_len,
+            vocab_size=cfg.vocab_size,
+            block_size=config.block_size,
+            max_loras=config.max_loras,
+            device=config.device,
+            dtype=config.dtype,
+        )
 
-    # -- public API -----------------------------------------------------------------------------
-    def register_adapter(self, name: str, path: Path | str) -> None:
-        self.adapters.register(name, Path(path))
-
+    # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self._validate(request)
         if request.adapter is not None:
@@ -133,8 +126,14 @@ class LLMEngine:
         self.aborted.append(tracked)
         return True
 
-    def has_unfinished(self) -> bool:
+    def has_work(self) -> bool:
+        """True while a request is unfinished or an abort's final output has not yet been returned."""
         return bool(self.requests or self.aborted)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests added but not yet admitted to the running batch (or preempted back out of it)."""
+        return len(self.scheduler.waiting)
 
     def step(self) -> list[RequestOutput]:
         outputs = [self._output(t, [], "") for t in self.aborted]
@@ -144,9 +143,9 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         self.stats.steps += 1
-        batch, order, samplers, lora = self._prepare(sched.scheduled)
+        batch, order, sampled_seqs, lora = self._prepare(sched.scheduled)
         logits = self.runner.forward(batch, lora)
-        tracked = [self.requests[s.request_id] for s in samplers]
+        tracked = [self.requests[s.request_id] for s in sampled_seqs]
         tokens = self.sampler.sample(
             logits, [t.seq.request.params for t in tracked], [t.generator for t in tracked]
         )
@@ -164,7 +163,7 @@ class LLMEngine:
         done: dict[str, Completion] = {}
         tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
         texts: dict[str, list[str]] = {r.request_id: [] for r in requests}
-        while self.has_unfinished():
+        while self.has_work():
             for out in self.step():
                 tokens[out.request_id].extend(out.new_token_ids)
                 texts[out.request_id].append(out.text_delta)
@@ -180,6 +179,60 @@ class LLMEngine:
                     )
         return [done[r.request_id] for r in requests]
 
+    # -- adapters -------------------------------------------------------------------------------
+    def register_adapter(self, name: str, path: Path | str) -> None:
+        """Make adapter `name` servable from `path` (read lazily, on first use or `preload_adapter`)."""
+        self.adapters.register(name, Path(path))
+
+    def adapter_path(self, name: str) -> Path | None:
+        """Where adapter `name` is registered from, or None if it is unknown."""
+        return self.adapters.paths.get(name)
+
+    def adapter_tier(self, name: str) -> AdapterTier:
+        return self.adapters.tier(name)
+
+    def preload_adapter(self, name: str) -> None:
+        """Read adapter `name` into host memory now (validating it), so its first request need not."""
+        self.adapters.ensure_host(name)
+
+    def pin_adapters(self, names: set[str]) -> None:
+        """Adapters to evict from a tier only when nothing else can make room (replaces the last set)."""
+        self.adapters.pinned = set(names)
+
+    # -- state, for heartbeats, metrics and routers -------------------------------------------------
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's load and cache counters now. Also called from the metrics server's thread: it
+        only reads, and copies each container in one C-level call (`len`, `tuple`), which the GIL keeps
+        whole while the engine's thread changes it."""
+        blocks, adapters, stats = self.blocks, self.adapters, self.stats
+        return EngineSnapshot(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_blocks_free=blocks.num_free_blocks,
+            kv_blocks_total=blocks.num_blocks,
+            cached_blocks=len(blocks.cached),
+            adapters_device=tuple(adapters.device_lru),
+            adapters_host=tuple(adapters.host),
+            prefix_hit_tokens=blocks.hit_tokens,
+            prefix_queried_tokens=blocks.queried_tokens,
+            adapter_disk_reads=adapters.disk_reads,
+            adapter_device_loads=adapters.device_loads,
+            adapter_device_evictions=adapters.device_evictions,
+            adapter_host_evictions=adapters.host_evictions,
+            steps=stats.steps,
+            preemptions=stats.preemptions,
+            generated_tokens=stats.decode_tokens,
+        )
+
+    def drain_events(self) -> list[KVEvent]:
+        """KV blocks stored / evicted and adapters moved between tiers since the last call."""
+        return self.events.drain()
+
+    def state_events(self) -> list[KVEvent]:
+        """All the engine holds, as "cleared" then stored blocks and resident adapters (after a restart or
+        an outage); the changes not yet drained are dropped, as this description covers them."""
+        return self.events.state()
+
     # -- internals ------------------------------------------------------------------------------
     def _prepare(
         self, scheduled: list[tuple[Sequence, int]]
@@ -188,11 +241,13 @@ class LLMEngine:
         slots = self.adapters.acquire({s.adapter for s, _ in scheduled if s.adapter is not None})
         for seq, _ in scheduled:
             seq.lora_slot = slots[seq.adapter] if seq.adapter is not None else -1
-        batch, order, samplers = build_forward_batch(scheduled, self.config.block_size, self.config.device)
+        batch, order, sampled_seqs = build_forward_batch(
+            scheduled, self.config.block_size, self.config.device
+        )
         lora = None
         if batch.lora is not None:
             lora = LoRAContext(self.adapters.stacks, self.adapters.active_modules(batch.lora.active_slots))
-        return batch, order, samplers, lora
+        return batch, order, sampled_seqs, lora
 
     def _validate(self, request: Request) -> None:
         rid, ids = request.request_id, request.prompt_token_ids

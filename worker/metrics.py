@@ -19,38 +19,38 @@ class EngineCollector(Collector):
         self.engine, self.worker_id = engine, worker_id
 
     def collect(self) -> Iterator[Metric]:
-        e, w = self.engine, [self.worker_id]
+        snap, w = self.engine.snapshot(), [self.worker_id]
         kv = GaugeMetricFamily("loragate_engine_kv_blocks", "KV blocks", labels=["worker", "state"])
-        kv.add_metric([*w, "free"], e.blocks.num_free_blocks)
-        kv.add_metric([*w, "used"], e.blocks.num_blocks - e.blocks.num_free_blocks)
+        kv.add_metric([*w, "free"], snap.kv_blocks_free)
+        kv.add_metric([*w, "used"], snap.kv_blocks_total - snap.kv_blocks_free)
         seqs = GaugeMetricFamily(
             "loragate_engine_sequences", "Sequences in the engine", labels=["worker", "state"]
         )
-        seqs.add_metric([*w, "running"], len(e.scheduler.running))
-        seqs.add_metric([*w, "waiting"], len(e.scheduler.waiting))
+        seqs.add_metric([*w, "running"], snap.running)
+        seqs.add_metric([*w, "waiting"], snap.waiting)
         prefix = CounterMetricFamily(
             "loragate_engine_prefix_tokens",
             "Prompt tokens looked up in the prefix cache",
             labels=["worker", "kind"],
         )
-        prefix.add_metric([*w, "hit"], e.blocks.hit_tokens)
-        prefix.add_metric([*w, "queried"], e.blocks.queried_tokens)
+        prefix.add_metric([*w, "hit"], snap.prefix_hit_tokens)
+        prefix.add_metric([*w, "queried"], snap.prefix_queried_tokens)
         loads = CounterMetricFamily(
             "loragate_engine_adapter_loads", "Adapter loads by source tier", labels=["worker", "tier"]
         )
-        loads.add_metric([*w, "disk"], e.adapters.disk_reads)
-        loads.add_metric([*w, "host"], e.adapters.device_loads)
+        loads.add_metric([*w, "disk"], snap.adapter_disk_reads)
+        loads.add_metric([*w, "host"], snap.adapter_device_loads)
         evictions = CounterMetricFamily(
             "loragate_engine_adapter_evictions", "Adapter evictions by tier", labels=["worker", "tier"]
         )
-        evictions.add_metric([*w, "device"], e.adapters.device_evictions)
-        evictions.add_metric([*w, "host"], e.adapters.host_evictions)
+        evictions.add_metric([*w, "device"], snap.adapter_device_evictions)
+        evictions.add_metric([*w, "host"], snap.adapter_host_evictions)
         preempt = CounterMetricFamily("loragate_engine_preemptions", "Sequences preempted", labels=["worker"])
-        preempt.add_metric(w, e.stats.preemptions)
+        preempt.add_metric(w, snap.preemptions)
         tokens = CounterMetricFamily(
             "loragate_engine_generated_tokens", "Tokens generated", labels=["worker"]
         )
-        tokens.add_metric(w, e.stats.decode_tokens)
+        tokens.add_metric(w, snap.generated_tokens)
         yield from (kv, seqs, prefix, loads, evictions, preempt, tokens)
 
     def describe(self) -> Iterator[Metric]:

@@ -89,26 +89,11 @@ class ModelRunner:
         window = cfg.window(layer)
         if nd:
             paged_attention_decode(
-                out[:nd],
-                q[:nd],
-                k_cache,
-                v_cache,
-                fb.decode_block_tables,
-                fb.decode_context_lens,
-                self.scale,
-                window,
+                out[:nd], q[:nd], k_cache, v_cache, fb.decode, scale=self.scale, sliding_window=window
             )
         if fb.num_prefill_seqs:
             paged_attention_prefill(
-                out[nd:],
-                q[nd:],
-                k_cache,
-                v_cache,
-                fb.prefill_block_tables,
-                fb.prefill_query_start_loc,
-                fb.prefill_context_lens,
-                self.scale,
-                window,
+                out[nd:], q[nd:], k_cache, v_cache, fb.prefill, scale=self.scale, sliding_window=window
             )
         return out.view(t, cfg.q_size)
 
@@ -129,5 +114,5 @@ class ModelRunner:
                 continue
             stack = lora.stacks[module]
             v = x.new_zeros(x.shape[0], stack.a.shape[2])
-            sgmv_shrink(v, x, stack.a, meta.seg_indptr, meta.slot_ids, layer, stack.scale, stack.ranks)
-            sgmv_expand(y, v, stack.b, meta.seg_indptr, meta.slot_ids, layer, offset, stack.ranks)
+            sgmv_shrink(v, x, stack.a, meta, layer=layer, scale=stack.scale, ranks=stack.ranks)
+            sgmv_expand(y, v, stack.b, meta, layer=layer, y_offset=offset, ranks=stack.ranks)

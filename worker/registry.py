@@ -56,11 +56,11 @@ class AdapterRegistry:
         for key in pinned - self.pinned:
             try:
                 self.ensure_registered(engine, key)
-                engine.adapters.ensure_host(key)
+                engine.preload_adapter(key)
             except AdapterError:
                 continue  # a bad pinned adapter fails its requests, not the worker
         self.pinned = pinned
-        engine.adapters.pinned = set(pinned)
+        engine.pin_adapters(pinned)
 
     def ensure_registered(self, engine: LLMEngine, key: str) -> str:
         """Make `key` known to the engine (from the registry); returns the engine's adapter name."""
@@ -73,6 +73,6 @@ class AdapterRegistry:
         if record.base != self.base:
             raise AdapterError(f"adapter {key!r} is for base model {record.base!r}, not {self.base!r}")
         path = Path(record.path)
-        if engine.adapters.paths.get(key) != path:
+        if engine.adapter_path(key) != path:
             engine.register_adapter(key, path)
         return key

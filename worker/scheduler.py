@@ -47,9 +47,6 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence and release its blocks."""
         if seq in self.running:

@@ -147,10 +147,10 @@ class WorkerService:
         )
 
     def _serve(self) -> None:
-        while not (self.draining.is_set() and not self.engine.has_unfinished()):
+        while not (self.draining.is_set() and not self.engine.has_work()):
             self._tick()
             self._poll_cancels()
-            if not self.engine.has_unfinished():
+            if not self.engine.has_work():
                 self.kv_events.emit(self.redis, self.kv_events.deferred)
                 self.kv_events.deferred = []
                 if not self.draining.is_set():  # idle: wait in Redis for work, then step at once
@@ -202,7 +202,7 @@ class WorkerService:
 
     # -- admission --------------------------------------------------------------------------------
     def _room(self) -> int:
-        return self.max_waiting - len(self.engine.scheduler.waiting)
+        return self.max_waiting - self.engine.num_waiting
 
     def _admit(self, pending: bool, block_ms: int = 0) -> None:
         """Read queued requests: our own pending entries ("0", at every re-sync) or new ones (">", only as
@@ -262,7 +262,7 @@ class WorkerService:
             if msg.adapter is not None:
                 adapter = self.registry.ensure_registered(self.engine, msg.adapter)
                 if timeline is not None:
-                    timeline.adapter_tier = self.engine.adapters.tier(adapter)
+                    timeline.adapter_tier = self.engine.adapter_tier(adapter)
             self.engine.add_request(
                 Request(
                     msg.request_id,
@@ -317,7 +317,7 @@ class WorkerService:
         # A step's KV events go out with the next step's outputs (or when the engine idles), so the
         # first token of a new request does not share its write, and the routers' reads, with them.
         self.kv_events.add(pipe, self.kv_events.deferred)
-        self.kv_events.deferred = self.kv_events.collect(self.engine)
+        self.kv_events.deferred = self.engine.drain_events()
         polling = not self.draining.is_set() and self._room() > 0
         if polling:
             pipe.xreadgroup(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels import LoRABatchMeta, bgmv_expand, bgmv_shrink, sgmv_expand, sgmv_shrink
+from kernels import AttentionMeta, LoRABatchMeta, sgmv_expand, sgmv_shrink
 from kernels.reference import attention_ref, gather_context, sgmv_expand_ref, sgmv_shrink_ref
 
 # The Triton-interpreter test files (see conftest.py).
@@ -151,10 +151,6 @@ class LoRACase:
     offset: int
     layer: int = 1
 
-    @property
-    def token_slots(self) -> torch.Tensor:
-        return torch.tensor(self.slots, dtype=torch.int64, device=self.x.device)
-
     def on(self, device: str) -> LoRACase:
         """This case with its tensors on `device` (the checks read the CPU original)."""
         stack = self.stack
@@ -257,12 +253,21 @@ def query_start_loc(q_lens: list[int]) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int64)
 
 
+def decode_meta(kv: PagedKV, ctx_lens: list[int], device: str = "cpu") -> AttentionMeta:
+    return AttentionMeta(kv.block_tables.to(device), torch.tensor(ctx_lens, device=device))
+
+
+def prefill_meta(kv: PagedKV, q_lens: list[int], ctx_lens: list[int], device: str = "cpu") -> AttentionMeta:
+    lens, starts = torch.tensor(ctx_lens, device=device), query_start_loc(q_lens).to(device)
+    return AttentionMeta(kv.block_tables.to(device), lens, query_start_loc=starts)
+
+
 def run_sgmv_shrink(case: LoRACase, device: str = "cpu") -> torch.Tensor:
     """The public `sgmv_shrink` (whichever backend is selected) on a copy of the poisoned output."""
     c = case.on(device)
     meta = LoRABatchMeta.from_token_slots(case.slots, device)
     y = c.y0.clone()
-    sgmv_shrink(y, c.x, c.stack.a, meta.seg_indptr, meta.slot_ids, c.layer, c.stack.scale, c.ranks)
+    sgmv_shrink(y, c.x, c.stack.a, meta, layer=c.layer, scale=c.stack.scale, ranks=c.ranks)
     return y.cpu()
 
 
@@ -270,7 +275,7 @@ def run_sgmv_expand(case: LoRACase, device: str = "cpu") -> torch.Tensor:
     c = case.on(device)
     meta = LoRABatchMeta.from_token_slots(case.slots, device)
     y = c.out0.clone()
-    sgmv_expand(y, c.v, c.stack.b, meta.seg_indptr, meta.slot_ids, c.layer, c.offset, c.ranks)
+    sgmv_expand(y, c.v, c.stack.b, meta, layer=c.layer, y_offset=c.offset, ranks=c.ranks)
     return y.cpu()
 
 
@@ -291,17 +296,3 @@ def check_expand(case: LoRACase, y: torch.Tensor) -> None:
     assert rel_err(y, ref) < TOLERANCE[case.v.dtype]
     untouched = expand_untouched(case)
     assert torch.equal(y[untouched], case.out0[untouched])
-
-
-def run_bgmv_shrink(case: LoRACase, device: str = "cpu") -> torch.Tensor:
-    c = case.on(device)
-    y = c.y0.clone()
-    bgmv_shrink(y, c.x, c.stack.a, c.token_slots, c.layer, c.stack.scale, c.ranks)
-    return y.cpu()
-
-
-def run_bgmv_expand(case: LoRACase, device: str = "cpu") -> torch.Tensor:
-    c = case.on(device)
-    y = c.out0.clone()
-    bgmv_expand(y, c.v, c.stack.b, c.token_slots, c.layer, c.offset, c.ranks)
-    return y.cpu()

@@ -6,13 +6,14 @@ import pytest
 import torch
 
 import kernels.attention_torch
-from kernels import paged_attention_decode, paged_attention_prefill, write_kv
+from kernels import AttentionMeta, paged_attention_decode, paged_attention_prefill, write_kv
 from tests.kernels.kernel_testing import (
     TOLERANCE,
+    decode_meta,
     decode_reference,
     paged_kv,
+    prefill_meta,
     prefill_reference,
-    query_start_loc,
     rel_err,
 )
 
@@ -34,7 +35,7 @@ def run_decode(
     q = torch.randn(len(ctx_lens), heads[0], head_dim, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
     scale = head_dim**-0.5
-    paged_attention_decode(out, q, kv.k, kv.v, kv.block_tables, torch.tensor(ctx_lens), scale, window)
+    paged_attention_decode(out, q, kv.k, kv.v, decode_meta(kv, ctx_lens), scale=scale, sliding_window=window)
     return out, decode_reference(q, kv, ctx_lens, scale, window)
 
 
@@ -54,8 +55,8 @@ def run_prefill(
     q = torch.randn(sum(q_lens), heads[0], head_dim, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
     scale = head_dim**-0.5
-    args = (kv.block_tables, query_start_loc(q_lens), torch.tensor(ctx), scale, window)
-    paged_attention_prefill(out, q, kv.k, kv.v, *args)
+    meta = prefill_meta(kv, q_lens, ctx)
+    paged_attention_prefill(out, q, kv.k, kv.v, meta, scale=scale, sliding_window=window)
     return out, prefill_reference(q, kv, q_lens, ctx, scale, window)
 
 
@@ -159,10 +160,12 @@ def test_sliding_window_sees_keys_less_than_window_positions_back(phase: str) ->
     tables, lens = torch.tensor([[0, 1]]), torch.tensor([ctx])
     if phase == "decode":
         out = torch.empty(1, 1, 16)
-        paged_attention_decode(out, torch.zeros(1, 1, 16), kc, vc, tables, lens, 1.0, window)
+        meta = AttentionMeta(tables, lens)
+        paged_attention_decode(out, torch.zeros(1, 1, 16), kc, vc, meta, scale=1.0, sliding_window=window)
     else:
         out, starts = torch.empty(ctx, 1, 16), torch.tensor([0, ctx])
-        paged_attention_prefill(out, torch.zeros_like(out), kc, vc, tables, starts, lens, 1.0, window)
+        meta = AttentionMeta(tables, lens, query_start_loc=starts)
+        paged_attention_prefill(out, torch.zeros_like(out), kc, vc, meta, scale=1.0, sliding_window=window)
         assert out[:, 0, 0].tolist() == [0.0, 0.5, 1.0, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]
     assert float(out[-1, 0, 0]) == (6 + 7 + 8 + 9) / 4
 
@@ -171,7 +174,8 @@ def test_a_window_below_one_token_is_rejected() -> None:
     q = torch.zeros(1, 1, 16)
     cache = torch.zeros(1, 8, 1, 16)
     with pytest.raises(ValueError, match="sliding_window must be None or >= 1"):
-        paged_attention_decode(q.clone(), q, cache, cache, torch.tensor([[0]]), torch.tensor([1]), 1.0, 0)
+        meta = AttentionMeta(torch.tensor([[0]]), torch.tensor([1]))
+        paged_attention_decode(q.clone(), q, cache, cache, meta, scale=1.0, sliding_window=0)
 
 
 def test_write_kv_stores_each_token_at_its_slot() -> None:

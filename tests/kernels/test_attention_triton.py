@@ -10,10 +10,11 @@ from kernels import paged_attention_decode, paged_attention_prefill
 from tests.kernels.kernel_testing import (
     TOLERANCE,
     PagedKV,
+    decode_meta,
     decode_reference,
     paged_kv,
+    prefill_meta,
     prefill_reference,
-    query_start_loc,
     rel_err,
 )
 
@@ -54,8 +55,7 @@ def test_decode_matches_reference(
     d = kv.on(device)
     out = torch.full_like(q, float("nan"), device=device)
     scale = head_dim**-0.5
-    lens = torch.tensor(ctx_lens, device=device)
-    paged_attention_decode(out, q.to(device), d.k, d.v, d.block_tables, lens, scale)
+    paged_attention_decode(out, q.to(device), d.k, d.v, decode_meta(kv, ctx_lens, device), scale=scale)
     assert rel_err(out.cpu(), decode_reference(q, kv, ctx_lens, scale)) < TOLERANCE[dtype]
 
 
@@ -71,9 +71,9 @@ def test_decode_split_kv_merges_partials(
     kv, q = decode_inputs(ctx_lens, 16, (8, 2), 16, dtype, seed=num_splits)
     d = kv.on(device)
     out = torch.full_like(q, float("nan"), device=device)
-    lens = torch.tensor(ctx_lens, device=device)
     tiles = {"block_n": block_n, "num_splits": num_splits}
-    paged_attention_decode_triton(out, q.to(device), d.k, d.v, d.block_tables, lens, 0.25, **tiles)
+    meta = decode_meta(kv, ctx_lens, device)
+    paged_attention_decode_triton(out, q.to(device), d.k, d.v, meta, scale=0.25, **tiles)
     assert rel_err(out.cpu(), decode_reference(q, kv, ctx_lens, 0.25)) < TOLERANCE[dtype]
 
 
@@ -97,8 +97,8 @@ def test_prefill_matches_reference(
     kv, q = prefill_inputs(q_lens, ctx, block_size, heads, 32, dtype)
     d = kv.on(device)
     out = torch.full_like(q, float("nan"), device=device)
-    starts, lens = query_start_loc(q_lens).to(device), torch.tensor(ctx, device=device)
-    paged_attention_prefill(out, q.to(device), d.k, d.v, d.block_tables, starts, lens, 32**-0.5)
+    meta = prefill_meta(kv, q_lens, ctx, device)
+    paged_attention_prefill(out, q.to(device), d.k, d.v, meta, scale=32**-0.5)
     assert rel_err(out.cpu(), prefill_reference(q, kv, q_lens, ctx, 32**-0.5)) < TOLERANCE[dtype]
 
 
@@ -109,9 +109,9 @@ def test_prefill_small_tiles_cover_several_query_and_key_tiles(device: str) -> N
     kv, q = prefill_inputs(q_lens, ctx, 16, (4, 2), 24, torch.float32)  # head_dim 24: a masked 32-wide tile
     d = kv.on(device)
     out = torch.full_like(q, float("nan"), device=device)
-    starts, lens = query_start_loc(q_lens).to(device), torch.tensor(ctx, device=device)
     tiles = {"block_m": 16, "block_n": 16}
-    paged_attention_prefill_triton(out, q.to(device), d.k, d.v, d.block_tables, starts, lens, 0.2, **tiles)
+    meta = prefill_meta(kv, q_lens, ctx, device)
+    paged_attention_prefill_triton(out, q.to(device), d.k, d.v, meta, scale=0.2, **tiles)
     assert rel_err(out.cpu(), prefill_reference(q, kv, q_lens, ctx, 0.2)) < TOLERANCE[torch.float32]
 
 
@@ -128,9 +128,9 @@ def test_decode_sliding_window_matches_reference(
     kv, q = decode_inputs(ctx_lens, 16, (8, 2), 32, dtype, seed=window)
     d = kv.on(device)
     out = torch.full_like(q, float("nan"), device=device)
-    lens = torch.tensor(ctx_lens, device=device)
     knobs = {"sliding_window": window, "block_n": 16, "num_splits": num_splits}
-    paged_attention_decode_triton(out, q.to(device), d.k, d.v, d.block_tables, lens, 0.2, **knobs)
+    meta = decode_meta(kv, ctx_lens, device)
+    paged_attention_decode_triton(out, q.to(device), d.k, d.v, meta, scale=0.2, **knobs)
     ref = decode_reference(q, kv, ctx_lens, 0.2, window)
     assert rel_err(out.cpu(), ref) < TOLERANCE[dtype]
     assert rel_err(out.cpu(), decode_reference(q, kv, ctx_lens, 0.2)) > 10 * TOLERANCE[dtype]
@@ -144,9 +144,8 @@ def test_prefill_sliding_window_matches_reference(window: int, dtype: torch.dtyp
     kv, q = prefill_inputs(q_lens, ctx, 8, (4, 2), 32, dtype)
     d = kv.on(device)
     out = torch.full_like(q, float("nan"), device=device)
-    starts, lens = query_start_loc(q_lens).to(device), torch.tensor(ctx, device=device)
-    args = (out, q.to(device), d.k, d.v, d.block_tables, starts, lens, 0.2)
-    paged_attention_prefill(*args, sliding_window=window)
+    meta = prefill_meta(kv, q_lens, ctx, device)
+    paged_attention_prefill(out, q.to(device), d.k, d.v, meta, scale=0.2, sliding_window=window)
     ref = prefill_reference(q, kv, q_lens, ctx, 0.2, window)
     assert rel_err(out.cpu(), ref) < TOLERANCE[dtype]
 
@@ -158,9 +157,9 @@ def test_prefill_sliding_window_small_tiles(device: str) -> None:
     kv, q = prefill_inputs(q_lens, ctx, 16, (4, 2), 24, torch.float32)
     d = kv.on(device)
     out = torch.full_like(q, float("nan"), device=device)
-    starts, lens = query_start_loc(q_lens).to(device), torch.tensor(ctx, device=device)
     knobs = {"sliding_window": 3, "block_m": 16, "block_n": 16}
-    paged_attention_prefill_triton(out, q.to(device), d.k, d.v, d.block_tables, starts, lens, 0.2, **knobs)
+    meta = prefill_meta(kv, q_lens, ctx, device)
+    paged_attention_prefill_triton(out, q.to(device), d.k, d.v, meta, scale=0.2, **knobs)
     assert rel_err(out.cpu(), prefill_reference(q, kv, q_lens, ctx, 0.2, 3)) < TOLERANCE[torch.float32]
 
 
@@ -169,8 +168,8 @@ def test_tiles_below_the_gpu_dot_minimum_are_rejected(device: str) -> None:
 
     kv, q = decode_inputs([4], 16, (2, 1), 16, torch.float32, seed=0)
     d, q = kv.on(device), q.to(device)
-    lens, starts = torch.tensor([4], device=device), torch.tensor([0, 1], device=device)
+    decode, prefill = decode_meta(kv, [4], device), prefill_meta(kv, [1], [4], device)
     with pytest.raises(ValueError, match="BLOCK_N"):
-        paged_attention_decode_triton(q.clone(), q, d.k, d.v, d.block_tables, lens, 1.0, block_n=8)
+        paged_attention_decode_triton(q.clone(), q, d.k, d.v, decode, scale=1.0, block_n=8)
     with pytest.raises(ValueError, match="BLOCK_M"):
-        paged_attention_prefill_triton(q.clone(), q, d.k, d.v, d.block_tables, starts, lens, 1.0, block_m=8)
+        paged_attention_prefill_triton(q.clone(), q, d.k, d.v, prefill, scale=1.0, block_m=8)

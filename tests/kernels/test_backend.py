@@ -38,7 +38,6 @@ def test_unknown_backend_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_public_kernels_dispatch_to_triton_when_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     # Imported before TRITON_INTERPRET is set, so that on a GPU machine they stay compiled kernels.
     import kernels.attention_triton
-    import kernels.bgmv_triton
     import kernels.sgmv_triton
 
     monkeypatch.setenv(BACKEND_ENV, "triton")
@@ -47,8 +46,6 @@ def test_public_kernels_dispatch_to_triton_when_forced(monkeypatch: pytest.Monke
     targets = [
         (kernels.sgmv_triton, "sgmv_shrink_triton"),
         (kernels.sgmv_triton, "sgmv_expand_triton"),
-        (kernels.bgmv_triton, "bgmv_shrink_triton"),
-        (kernels.bgmv_triton, "bgmv_expand_triton"),
         (kernels.attention_triton, "paged_attention_decode_triton"),
         (kernels.attention_triton, "paged_attention_prefill_triton"),
     ]
@@ -56,12 +53,11 @@ def test_public_kernels_dispatch_to_triton_when_forced(monkeypatch: pytest.Monke
     for module, name in targets:
         monkeypatch.setattr(module, name, lambda *args, name=name, **kwargs: called.append(name))
     t = torch.zeros(1, 1)
-    kernels.sgmv_shrink(t, t, t, t, t, 0, t)
-    kernels.sgmv_expand(t, t, t, t, t, 0)
-    kernels.bgmv_shrink(t, t, t, t, 0, t)
-    kernels.bgmv_expand(t, t, t, t, 0)
-    kernels.paged_attention_decode(t, t, t, t, t, t, 1.0)
-    kernels.paged_attention_prefill(t, t, t, t, t, t, t, 1.0)
+    lora = kernels.LoRABatchMeta(t, t, ())
+    kernels.sgmv_shrink(t, t, t, lora, layer=0, scale=t)
+    kernels.sgmv_expand(t, t, t, lora, layer=0)
+    kernels.paged_attention_decode(t, t, t, t, kernels.AttentionMeta(t, t), scale=1.0)
+    kernels.paged_attention_prefill(t, t, t, t, kernels.AttentionMeta(t, t, query_start_loc=t), scale=1.0)
     assert called == [name for _, name in targets]
 
 
@@ -75,7 +71,7 @@ from kernels.backend import triton_available
 meta = kernels.LoRABatchMeta.from_token_slots([0, 0, -1])
 y = torch.zeros(3, 4)
 x, a = torch.ones(3, 5), torch.ones(1, 1, 4, 5)
-kernels.sgmv_shrink(y, x, a, meta.seg_indptr, meta.slot_ids, 0, torch.ones(1))
+kernels.sgmv_shrink(y, x, a, meta, layer=0, scale=torch.ones(1))
 print(triton_available(), y.sum().item(), sorted(m for m in sys.modules if m.endswith("_triton")))
 """
     result = subprocess.run(

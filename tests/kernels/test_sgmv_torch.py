@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import LoRABatchMeta
+from kernels import LoRABatchMeta, sgmv_expand, sgmv_shrink
 from tests.kernels.kernel_testing import (
     POPULARITIES,
     RANK_SETS,
@@ -60,3 +60,19 @@ def test_all_tokens_without_adapter_leave_outputs_untouched() -> None:
     assert set(case.slots) == {-1}
     assert torch.equal(run_sgmv_shrink(case), case.y0)
     assert torch.equal(run_sgmv_expand(case), case.out0)
+
+
+def test_segments_come_from_the_host_metadata_never_from_the_device_tensors() -> None:
+    """The torch path reads the step's Python segments: its device tensors may be unreadable ("meta")."""
+    case = lora_case("zipf", 0.3, torch.float32, 13)
+    host = LoRABatchMeta.from_token_slots(case.slots)
+    unreadable = LoRABatchMeta(host.seg_indptr.to("meta"), host.slot_ids.to("meta"), host.segments)
+    y, out = case.y0.clone(), case.out0.clone()
+    sgmv_shrink(
+        y, case.x, case.stack.a, unreadable, layer=case.layer, scale=case.stack.scale, ranks=case.ranks
+    )
+    sgmv_expand(
+        out, case.v, case.stack.b, unreadable, layer=case.layer, y_offset=case.offset, ranks=case.ranks
+    )
+    check_shrink(case, y)
+    check_expand(case, out)

@@ -54,10 +54,8 @@ def test_shrink_tiles_and_split_k(
     c = case.on(device)
     meta = LoRABatchMeta.from_token_slots(case.slots, device)
     y = c.y0.clone()
-    segs = (meta.seg_indptr, meta.slot_ids, c.layer)
-    sgmv_shrink_triton(
-        y, c.x, c.stack.a, *segs, c.stack.scale, c.ranks, block_m=block_m, block_k=block_k, split_k=split_k
-    )
+    tiles = {"block_m": block_m, "block_k": block_k, "split_k": split_k}
+    sgmv_shrink_triton(y, c.x, c.stack.a, meta, layer=c.layer, scale=c.stack.scale, ranks=c.ranks, **tiles)
     check_shrink(case, y.cpu())
 
 
@@ -69,8 +67,8 @@ def test_expand_tiles(block_m: int, block_n: int, device: str) -> None:
     c = case.on(device)
     meta = LoRABatchMeta.from_token_slots(case.slots, device)
     y = c.out0.clone()
-    segs = (meta.seg_indptr, meta.slot_ids, c.layer)
-    sgmv_expand_triton(y, c.v, c.stack.b, *segs, c.offset, c.ranks, block_m=block_m, block_n=block_n)
+    tiles = {"block_m": block_m, "block_n": block_n}
+    sgmv_expand_triton(y, c.v, c.stack.b, meta, layer=c.layer, y_offset=c.offset, ranks=c.ranks, **tiles)
     check_expand(case, y.cpu())
 
 
@@ -79,8 +77,7 @@ def test_tiles_below_the_gpu_dot_minimum_are_rejected(device: str) -> None:
 
     c = lora_case("uniform", 0.0, torch.float32, 1).on(device)
     meta = LoRABatchMeta.from_token_slots(c.slots, device)
-    segs = (meta.seg_indptr, meta.slot_ids, c.layer)
     with pytest.raises(ValueError, match="BLOCK_M"):
-        sgmv_shrink_triton(c.y0.clone(), c.x, c.stack.a, *segs, c.stack.scale, block_m=8)
+        sgmv_shrink_triton(c.y0.clone(), c.x, c.stack.a, meta, layer=c.layer, scale=c.stack.scale, block_m=8)
     with pytest.raises(ValueError, match="BLOCK_N"):
-        sgmv_expand_triton(c.out0.clone(), c.v, c.stack.b, *segs, block_n=8)
+        sgmv_expand_triton(c.out0.clone(), c.v, c.stack.b, meta, layer=c.layer, block_n=8)

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from loragate.contracts import AdapterTier, EventType, KVEvent
+from loragate.hashing import block_hashes
 from loragate.types import FinishReason, Request, RequestOutput, SamplingParams
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
@@ -35,7 +37,7 @@ def run(engine: LLMEngine, *requests: Request) -> dict[str, list[RequestOutput]]
     for r in requests:
         engine.add_request(r)
     outs: dict[str, list[RequestOutput]] = {}
-    while engine.has_unfinished():
+    while engine.has_work():
         for o in engine.step():
             outs.setdefault(o.request_id, []).append(o)
     return outs
@@ -53,7 +55,7 @@ def run(engine: LLMEngine, *requests: Request) -> dict[str, list[RequestOutput]]
 def test_bad_requests_fail_in_add_request(engine: LLMEngine, request_: Request, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         engine.add_request(request_)
-    assert not engine.has_unfinished()
+    assert not engine.has_work()
 
 
 def test_duplicate_request_id_is_rejected(engine: LLMEngine) -> None:
@@ -137,7 +139,7 @@ def test_abort_output_arrives_on_next_step(engine: LLMEngine) -> None:
     engine.abort("x")
     outs = engine.step()
     assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [("x", True, FinishReason.ABORT)]
-    assert not engine.has_unfinished()
+    assert not engine.has_work()
 
 
 def test_seeded_sampling_is_independent_of_batch_mates(engine: LLMEngine) -> None:
@@ -170,7 +172,7 @@ def test_max_loras_bounds_adapters_per_step(zoo: ZooPaths, hf_reference: Callabl
     for r in requests:
         engine.add_request(r)
     tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    while engine.has_unfinished():
+    while engine.has_work():
         for o in engine.step():
             tokens[o.request_id].extend(o.new_token_ids)
         assert len({s.adapter for s in engine.scheduler.running}) <= 2
@@ -185,7 +187,7 @@ def test_adapter_for_another_base_fails_with_a_clear_error(zoo: ZooPaths, engine
     engine.register_adapter("wrong-base", zoo.adapter("small", name))
     with pytest.raises(AdapterError, match="made for another base model"):
         engine.add_request(Request("wb", prompt(14), greedy(), adapter="wrong-base"))
-    assert not engine.has_unfinished()
+    assert not engine.has_work()
 
 
 def test_resuming_another_workers_request_continues_tokens_and_text_exactly(engine: LLMEngine) -> None:
@@ -218,3 +220,96 @@ def test_resuming_another_workers_request_continues_tokens_and_text_exactly(engi
         if split_inside_char:
             break
     assert split_inside_char  # the hard case was exercised
+
+
+# -- snapshot() and drain_events(): what the worker service publishes -------------------------------------
+
+
+@pytest.fixture
+def small_pool(zoo: ZooPaths) -> tuple[LLMEngine, str, str]:
+    """A fresh engine with one adapter slot and 6 KV blocks of 16 tokens, so slots and blocks recycle;
+    and the names of its two adapters."""
+    first, second = zoo.adapter_names("tiny")[:2]
+    adapters = {n: zoo.adapter("tiny", n) for n in (first, second)}
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig(adapters=adapters, num_kv_blocks=6, max_loras=1))
+    return engine, first, second
+
+
+def adapter_moves(events: list[KVEvent]) -> list[tuple[EventType, str | None, AdapterTier | None]]:
+    return [(e.type, e.adapter, e.tier) for e in events if e.adapter is not None]
+
+
+def block_events(events: list[KVEvent], kind: EventType) -> list[int]:
+    return [h for e in events if e.type is kind for h in e.hashes]
+
+
+def test_snapshot_counts_requests_blocks_adapters_and_tokens(small_pool: tuple[LLMEngine, str, str]) -> None:
+    engine, name, _ = small_pool
+    start = engine.snapshot()
+    assert (start.running, start.waiting, start.kv_blocks_free, start.kv_blocks_total) == (0, 0, 6, 6)
+    assert (start.steps, start.generated_tokens, start.cached_blocks, start.adapters_device) == (0, 0, 0, ())
+    engine.add_request(Request("s1", prompt(30, 40), greedy(8), adapter=name))
+    engine.add_request(Request("s2", prompt(31, 10), greedy(8)))
+    queued = engine.snapshot()
+    assert (queued.running, queued.waiting, engine.num_waiting) == (0, 2, 2)
+    assert queued.adapters_host == (name,) and queued.adapter_disk_reads == 1  # read in add_request
+    engine.step()
+    busy = engine.snapshot()
+    assert (busy.running, busy.waiting, busy.steps) == (2, 0, 1)
+    assert busy.kv_blocks_free == 6 - 3 - 1  # 40 + 10 prompt tokens in 16-token blocks
+    assert busy.adapters_device == (name,) and busy.adapter_device_loads == 1
+    assert (busy.prefix_queried_tokens, busy.prefix_hit_tokens) == (50, 0)
+    assert busy.cached_blocks == 2  # the two full blocks of s1's prompt, published once computed
+    while engine.has_work():
+        engine.step()
+    done = engine.snapshot()
+    assert (done.running, done.waiting, done.kv_blocks_free, done.generated_tokens) == (0, 0, 6, 16)
+    assert done.steps == 8 and done.preemptions == 0
+
+
+def test_drain_events_reports_stored_evicted_blocks_and_adapter_moves(
+    small_pool: tuple[LLMEngine, str, str],
+) -> None:
+    engine, first, second = small_pool
+    p1 = prompt(40, 40)
+    run(engine, Request("d1", p1, greedy(8), adapter=first))
+    events = engine.drain_events()
+    stored = block_events(events, EventType.STORED)
+    assert stored == block_hashes(p1, 16, first)  # 47 tokens computed: two full blocks, both prompt
+    assert adapter_moves(events) == [
+        (EventType.ADAPTER_LOADED, first, AdapterTier.HOST),
+        (EventType.ADAPTER_LOADED, first, AdapterTier.DEVICE),
+    ]
+    assert engine.drain_events() == []  # drained: nothing new
+    # 88 tokens need all six blocks: the cached ones are evicted; one slot: the first adapter goes back
+    # to host memory.
+    run(engine, Request("d2", prompt(41, 80), greedy(8), adapter=second))
+    events = engine.drain_events()
+    assert sorted(block_events(events, EventType.EVICTED)) == sorted(stored)
+    assert block_events(events, EventType.STORED) == block_hashes(prompt(41, 80), 16, second)
+    assert adapter_moves(events) == [
+        (EventType.ADAPTER_LOADED, second, AdapterTier.HOST),
+        (EventType.ADAPTER_EVICTED, first, AdapterTier.HOST),
+        (EventType.ADAPTER_LOADED, second, AdapterTier.DEVICE),
+    ]
+
+
+def test_state_events_describe_everything_held_and_drop_pending_changes(
+    small_pool: tuple[LLMEngine, str, str],
+) -> None:
+    engine, first, second = small_pool
+    run(engine, Request("f1", prompt(50, 20), greedy(4), adapter=first))
+    run(engine, Request("f2", prompt(51, 36), greedy(4), adapter=second))
+    state = engine.state_events()
+    assert state[0].type is EventType.CLEARED
+    assert sorted(block_events(state, EventType.STORED)) == sorted(
+        block_hashes(prompt(50, 20), 16, first) + block_hashes(prompt(51, 36), 16, second)
+    )
+    assert adapter_moves(state) == [
+        (EventType.ADAPTER_LOADED, first, AdapterTier.HOST),
+        (EventType.ADAPTER_LOADED, second, AdapterTier.DEVICE),
+    ]
+    assert engine.drain_events() == []  # covered by the state description
+    snap = engine.snapshot()
+    assert snap.cached_blocks == len(block_events(state, EventType.STORED))
+    assert snap.adapters_device == (second,) and set(snap.adapters_host) == {first, second}

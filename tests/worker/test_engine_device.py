@@ -11,6 +11,7 @@ test_engine_triton_interpreter.py.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -65,8 +66,11 @@ def state_tensors(engine: LLMEngine) -> dict[str, torch.Tensor]:
 
 
 def recording(calls: list[tuple[str, set[str]]], name: str) -> Callable[..., None]:
-    def kernel(*args: Any) -> None:
-        calls.append((name, {str(a.device) for a in args if isinstance(a, torch.Tensor)}))
+    def kernel(*args: Any, **kwargs: Any) -> None:
+        values = [*args, *kwargs.values()]
+        # The tensors of a metadata object (`AttentionMeta`, `LoRABatchMeta`) count too.
+        values += [v for m in values if dataclasses.is_dataclass(m) for v in vars(m).values()]
+        calls.append((name, {str(a.device) for a in values if isinstance(a, torch.Tensor)}))
 
     return kernel
 
@@ -82,20 +86,21 @@ def test_a_step_on_the_meta_device_leaves_nothing_on_the_host(
         engine.add_request(r)  # greedy: a sampled request's generator needs a real device
     for step in range(3):  # chunked prefill (budget 24 of 50 prompt tokens), then decode mixed in
         scheduled = engine.scheduler.schedule().scheduled
-        batch, order, samplers, lora = engine._prepare(scheduled)
+        batch, order, sampled_seqs, lora = engine._prepare(scheduled)
         assert lora is not None and lora.active_modules
-        batch_tensors = [v for v in vars(batch).values() if isinstance(v, torch.Tensor)]
-        batch_tensors += [batch.lora.seg_indptr, batch.lora.slot_ids, batch.lora.token_slots]  # type: ignore[union-attr]
+        metas = (batch.decode, batch.prefill, batch.lora)
+        batch_tensors = [v for m in (batch, *metas) for v in vars(m).values() if isinstance(v, torch.Tensor)]
+        assert len(batch_tensors) == 4 + 2 + 3 + 2, step  # the batch's own, decode, prefill and LoRA
         assert {t.device.type for t in batch_tensors} == {"meta"}, step
         logits = engine.runner.forward(batch, lora)
         # Sampled rows (top-k, top-p) next to greedy ones; no generator, as meta cannot have one.
-        params = [SAMPLED if i % 2 else s.request.params for i, s in enumerate(samplers)]
-        tokens = engine.sampler.select(logits, params, [None] * len(samplers))
+        params = [SAMPLED if i % 2 else s.request.params for i, s in enumerate(sampled_seqs)]
+        tokens = engine.sampler.select(logits, params, [None] * len(sampled_seqs))
         assert logits.device.type == tokens.device.type == "meta"
         for seq, n in order:  # what `step` does with the results, a token id standing in for the sample
             seq.num_computed_tokens += n
             engine.blocks.commit(seq)
-        for seq in samplers:
+        for seq in sampled_seqs:
             seq.token_ids.append(1)
     assert {name for name, _ in calls} == set(KERNELS)
     assert all(devices == {"meta"} for _, devices in calls), calls
@@ -115,8 +120,8 @@ def test_16_bit_on_cpu_runs_and_stays_close_to_float32(zoo: ZooPaths, dtype: tor
     for d, engine in engines.items():
         for r in requests(5):
             engine.add_request(r)
-        batch, _, samplers, lora = engine._prepare(engine.scheduler.schedule().scheduled)
-        assert len(samplers) == 5
+        batch, _, sampled_seqs, lora = engine._prepare(engine.scheduler.schedule().scheduled)
+        assert len(sampled_seqs) == 5
         logits[d] = engine.runner.forward(batch, lora).float()
         for r in requests(5):
             engine.abort(r.request_id)
