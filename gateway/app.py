@@ -44,7 +44,6 @@ from loragate.redis_url import connect_async
 from loragate.tracing import make_provider
 from policies.default_policy import DEFAULT_POLICY
 from policies.document import Policy, parse_policy
-from policies.prefix_index import PrefixIndex
 
 log = logging.getLogger("loragate.gateway")
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -91,8 +90,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
         PolicyStore(r), parse_policy, DEFAULT_POLICY, settings.redis_url
     )
     await holder.start()
-    index = PrefixIndex()
-    kv_events = KVEventFollower(settings.redis_url, index)
+    kv_events = KVEventFollower(settings.redis_url, fleet.state.index)
     kv_events.start()
     metrics = GatewayMetrics(fleet)
     decisions = DecisionLog(r, metrics)
@@ -108,7 +106,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
             reaper,
             TokenizerStore(),
             holder,
-            Router(fleet, holder, index, decisions),
+            Router(fleet.state, holder, decisions),
             decisions,
             admission,
             kv_events,
