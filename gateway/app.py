@@ -72,7 +72,9 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 @asynccontextmanager
-async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIterator[GatewayContext]:
+async def gateway_context(
+    settings: GatewaySettings, tracer: Tracer | None = None
+) -> AsyncIterator[GatewayContext]:
     r = connect_async(settings.redis_url, max_connections=256)
     fleet = Fleet(r)
     try:
@@ -135,7 +137,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with _context(settings, tracer) as context:
+        async with gateway_context(settings, tracer) as context:
             holder["ctx"] = context
             try:
                 yield

@@ -177,9 +177,12 @@ class RoutingState:
             self.workers[worker_id] = WorkerView(view.state, max(0, view.queue_len + change))
 
     def queue_tokens(self, worker_id: str, tokens: int) -> None:
-        self.queued_tokens[worker_id] = self.queued_tokens.get(worker_id, 0) + tokens
+        if tokens:
+            self.queued_tokens[worker_id] = self.queued_tokens.get(worker_id, 0) + tokens
 
     def unqueue_tokens(self, worker_id: str, tokens: int) -> None:
+        if not tokens:
+            return
         left = self.queued_tokens.get(worker_id, 0) - tokens
         if left > 0:
             self.queued_tokens[worker_id] = left
