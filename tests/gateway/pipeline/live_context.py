@@ -61,8 +61,11 @@ def run(redis_url: str, body: Callable[[GatewayContext], Awaitable[None]]) -> No
     asyncio.run(main())
 
 
-def http_request(headers: dict[str, str] | None = None, disconnected: bool = False) -> Request:
-    """A POST whose client is still there (or gone, `disconnected`)."""
+def http_request(
+    headers: dict[str, str] | None = None, disconnected: bool = False, body: bytes = b""
+) -> Request:
+    """A POST of `body` whose client is still there (or gone, `disconnected`)."""
+    sent = False
     scope: dict[str, Any] = {
         "type": "http",
         "method": "POST",
@@ -72,6 +75,10 @@ def http_request(headers: dict[str, str] | None = None, disconnected: bool = Fal
     }
 
     async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
         if disconnected:
             return {"type": "http.disconnect"}
         await asyncio.sleep(3600)  # the client stays
