@@ -44,7 +44,6 @@ from loragate.redis_url import connect_async
 from loragate.tracing import make_provider
 from policies.default_policy import DEFAULT_POLICY
 from policies.document import Policy, parse_policy
-from policies.prefix_index import PrefixIndex
 
 log = logging.getLogger("loragate.gateway")
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -73,7 +72,9 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 @asynccontextmanager
-async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIterator[GatewayContext]:
+async def gateway_context(
+    settings: GatewaySettings, tracer: Tracer | None = None
+) -> AsyncIterator[GatewayContext]:
     r = connect_async(settings.redis_url, max_connections=256)
     fleet = Fleet(r)
     try:
@@ -91,8 +92,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
         PolicyStore(r), parse_policy, DEFAULT_POLICY, settings.redis_url
     )
     await holder.start()
-    index = PrefixIndex()
-    kv_events = KVEventFollower(settings.redis_url, index)
+    kv_events = KVEventFollower(settings.redis_url, fleet.state.index)
     kv_events.start()
     metrics = GatewayMetrics(fleet)
     decisions = DecisionLog(r, metrics)
@@ -108,7 +108,7 @@ async def _context(settings: GatewaySettings, tracer: Tracer | None) -> AsyncIte
             reaper,
             TokenizerStore(),
             holder,
-            Router(fleet, holder, index, decisions),
+            Router(fleet.state, holder, decisions),
             decisions,
             admission,
             kv_events,
@@ -137,7 +137,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with _context(settings, tracer) as context:
+        async with gateway_context(settings, tracer) as context:
             holder["ctx"] = context
             try:
                 yield

@@ -146,7 +146,7 @@ class Reaper:
         )
         if entry is None:
             return False
-        self.fleet.note_enqueued(worker.state.worker_id)
+        self.fleet.state.note_enqueued(worker.state.worker_id)  # no handler owns it: counted until refresh
         log.info(
             "re-routed %s from %s to %s after %d tokens",
             msg.request_id,

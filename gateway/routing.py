@@ -2,28 +2,26 @@
 the active profile (and the shadow one, if any), and keep the decision explainable.
 
 Model aliases (`auto` or any alias in the policy) are resolved first: the policy's difficulty estimator
-scores the request and `choose_tier` maps the score to a base model, stepping down a tier when that
+scores the request and `choose_rung` maps the score to a base model, stepping down a rung when that
 model's pool is saturated. Candidates are every live worker serving the base, in worker-id order, each
-with its outstanding requests and the prefix blocks it holds of this prompt (`PrefixIndex`, fed by the
-workers' KV events, plus what this gateway routed where).
+with its outstanding requests and the prefix blocks it holds of this prompt, as the gateway's
+`policies.routing_state.RoutingState` sees them (the same routing code the simulator runs).
 """
 
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from dataclasses import dataclass
 
 from gateway.decisions import DecisionLog
 from gateway.errors import APIError
-from gateway.fleet import Fleet
 from gateway.policy_store import PolicyHolder
 from policies.alias_ladder import choose_rung, pool_saturation
 from policies.difficulty import DifficultyQuery
 from policies.document import Policy
-from policies.prefix_index import PrefixIndex
-from policies.types import Candidate, Outcome, RouteDecision, RouteRequest
+from policies.routing_state import Reservation, RoutingState
+from policies.types import Outcome, RouteDecision, RouteRequest
 
 SATURATION_CAPACITY = 32.0  # outstanding requests per worker that count as a full pool
 
@@ -36,19 +34,17 @@ class AliasChoice:
 
 
 class Router:
+    """Runs the active profile (and the shadow one) through the gateway's `RoutingState`."""
+
     def __init__(
         self,
-        fleet: Fleet,
+        state: RoutingState,
         holder: PolicyHolder[Policy],
-        index: PrefixIndex,
         log: DecisionLog,
         seed: int | None = None,
     ):
-        self.fleet, self.holder, self.index, self.log = fleet, holder, index, log
+        self.state, self.holder, self.log = state, holder, log
         self.rng = random.Random(seed)
-        # Prompt tokens this gateway routed to each worker that have not produced a first token yet: the
-        # prefill work queued ahead of a new request (the cost scorer's `queued_tokens`).
-        self.queued_tokens: dict[str, int] = {}
 
     def is_alias(self, model: str) -> bool:
         return model in self.holder.policy.aliases
@@ -57,11 +53,11 @@ class Router:
         policy = self.holder.policy
         alias = policy.aliases[model]
         score = policy.estimator.score(DifficultyQuery(text=text, max_tokens=max_tokens))
-        candidates = [self._candidate(w.state.worker_id, ()) for w in self.fleet.workers.values()]
+        candidates = self.state.candidates(None)
         saturation = pool_saturation(candidates, SATURATION_CAPACITY)
         live = {c.state.model for c in candidates if not c.state.draining}
         chosen, reason = choose_rung(alias, score, saturation)
-        if chosen not in live:  # a tier with no worker: take the nearest tier that has one
+        if chosen not in live:  # a rung with no worker: take the nearest rung that has one
             others = [m for m in alias.models if m in live]
             if not others:
                 raise APIError(
@@ -73,18 +69,20 @@ class Router:
             chosen, reason = others[0], f"{reason}; {chosen} has no worker, using {others[0]}"
         return AliasChoice(chosen, score, reason)
 
-    def route(self, request: RouteRequest) -> RouteDecision:
-        serving = sorted(
-            w.state.worker_id for w in self.fleet.workers.values() if w.state.model == request.base
-        )
-        candidates = [self._candidate(wid, request.block_hashes) for wid in serving]
-        decision_id = uuid.uuid4().hex[:16]
-        decision = self.holder.policy.profile().route(request, candidates, self.rng, decision_id)
+    def route(self, request: RouteRequest) -> tuple[RouteDecision, Reservation]:
+        """The decision and what it reserves on its worker (counted before any await, so concurrent
+        requests see it); 503 or 429 when no worker was chosen."""
         shadow = self.holder.shadow
-        if shadow is not None and decision.worker_id is not None:
-            self.log.shadow.record(
-                decision, shadow.profile().route(request, candidates, self.rng, decision_id)
-            )
+        routed = self.state.route(
+            self.holder.policy.profile(),
+            request,
+            self.rng,
+            uuid.uuid4().hex[:16],
+            shadow.profile() if shadow is not None else None,
+        )
+        decision = routed.decision
+        if routed.shadow is not None:
+            self.log.shadow.record(decision, routed.shadow)
         if decision.outcome is Outcome.NO_WORKER:
             self.log.count(decision)
             raise APIError(
@@ -93,7 +91,7 @@ class Router:
                 code="no_worker",
                 headers={"Retry-After": "2"},
             )
-        if decision.outcome is Outcome.FILTERED_OUT or decision.worker_id is None:
+        if decision.outcome is Outcome.FILTERED_OUT or routed.reservation is None:
             self.log.count(decision)
             raise APIError(
                 429,
@@ -101,56 +99,11 @@ class Router:
                 code="overloaded",
                 headers={"Retry-After": "1"},
             )
-        self.fleet.note_enqueued(decision.worker_id)  # before any await: concurrent requests see it
-        self.queued_tokens[decision.worker_id] = (
-            self.queued_tokens.get(decision.worker_id, 0) + request.prompt_tokens
-        )
-        self.index.record_routed(decision.worker_id, request.block_hashes)
-        return decision
-
-    def prefill_done(self, worker_id: str, prompt_tokens: int) -> None:
-        """The request's first token came back (or it failed): its prompt no longer waits on the worker."""
-        left = self.queued_tokens.get(worker_id, 0) - prompt_tokens
-        if left > 0:
-            self.queued_tokens[worker_id] = left
-        else:
-            self.queued_tokens.pop(worker_id, None)
-
-    def _candidate(self, worker_id: str, hashes: tuple[int, ...]) -> Candidate:
-        view = self.fleet.workers[worker_id]
-        cached = self.index.cached_blocks(worker_id, hashes) if hashes else 0
-        return Candidate(view.state, view.queue_len, cached, self.queued_tokens.get(worker_id, 0))
-
-
-def route_request(
-    request_id: str,
-    tenant: str,
-    base: str,
-    adapter: str | None,
-    allowed: tuple[str, ...],
-    prompt: list[int],
-    max_tokens: int,
-    hashes: list[int],
-    block_size: int,
-    text: str,
-) -> RouteRequest:
-    return RouteRequest(
-        request_id=request_id,
-        tenant=tenant,
-        base=base,
-        adapter=adapter,
-        prompt_tokens=len(prompt),
-        max_tokens=max_tokens,
-        block_hashes=tuple(hashes),
-        block_size=block_size,
-        allowed_tenants=allowed,
-        now=time.time(),
-        prompt_text=text[:4000],
-    )
+        return decision, routed.reservation
 
 
 def decision_attributes(decision: RouteDecision) -> dict[str, str | int | float]:
-    """The decision as span attributes: chosen worker, each scorer's score for it, prediction, tier."""
+    """The decision as span attributes: chosen worker, each scorer's score, prediction, adapter tier."""
     attrs: dict[str, str | int | float] = {
         "loragate.route.decision_id": decision.decision_id,
         "loragate.route.profile": decision.profile,

@@ -110,6 +110,11 @@ class SimWorker:
             n += 1
         return n
 
+    @property
+    def outstanding(self) -> int:
+        """Requests enqueued and not finished (what the real worker's queue length counts)."""
+        return len(self.waiting) + len(self.admitted) + len(self.running)
+
     def measured(self, request: SimRequest) -> bool:
         return request.arrival_s >= self.measure_from_s
 

@@ -3,12 +3,13 @@
 A discrete-event simulation in simulated seconds (deterministic for a seed, pure Python). The workload
 (`loadtest.sim_workload`) is Poisson arrivals of adapter requests on shared system prompts; each worker
 (`loadtest.sim_worker`) is an engine cost model with an LRU prefix cache, LRU adapter slots over a host
-tier, and continuous batching. Routing is the real thing: `policies` profiles called with `Candidate`s
-built the way the gateway builds them: the worker's `WorkerState` from its last heartbeat (every
-`heartbeat_s`, so slightly stale), `outstanding` and `queued_tokens` fresh (the gateway counts its own
-enqueues, first tokens and completions), and `cached_blocks` from `policies.prefix_index.PrefixIndex`
-fed by the workers' KV stored/evicted events and by what was routed where (which covers the gap before
-a new prefix's `stored` event).
+tier, and continuous batching. Routing is the real thing: the gateway's own
+`policies.routing_state.RoutingState`, whose `route` builds the candidates and runs the profile: the
+worker's `WorkerState` from its last heartbeat (every `heartbeat_s`, so slightly stale; `observe`),
+`outstanding` and `queued_tokens` fresh (each routed request's `Reservation` is counted at once, its
+`first_token` and `release` called when the simulated worker prefills and finishes it), and
+`cached_blocks` from its `PrefixIndex` fed by the workers' KV stored/evicted events and by what was
+routed where (which covers the gap before a new prefix's `stored` event).
 
 Definitions:
 - utilisation: arrival rate / the fleet's saturation throughput (full batches, no cache hits, no adapter
@@ -38,7 +39,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from loadtest.sim_oracle import belady_hit_rate, lru_hit_rate
 from loadtest.sim_report import Oracles, ProfileResult, plot, report, table
@@ -48,16 +49,11 @@ from loragate.contracts import EventType, KVEvent
 from policies.default_policy import DEFAULT_POLICY
 from policies.document import load_policy_file, parse_policy
 from policies.prefix_index import PrefixIndex
-from policies.types import Candidate, RouteDecision, RouteRequest
+from policies.routing_state import Reservation, RoutingProfile, RoutingState, WorkerView, make_route_request
+from policies.types import RouteRequest
 
 PROFILES = ("default", "least-loaded", "round-robin", "random")
 STEP_END, HEARTBEAT = 0, 1
-
-
-class RoutingProfile(Protocol):
-    def route(
-        self, request: RouteRequest, candidates: Sequence[Candidate], rng: random.Random, decision_id: str
-    ) -> RouteDecision: ...
 
 
 ProfileSource = Callable[[str], RoutingProfile]  # profile name -> a fresh profile (pickers may keep state)
@@ -72,8 +68,9 @@ class FleetSpec:
     record_routed: bool = True  # also feed the prefix index what was routed where, not only KV events
 
 
-def route_request(request: SimRequest, now: float) -> RouteRequest:
-    return RouteRequest(
+def sim_route_request(request: SimRequest, now: float) -> RouteRequest:
+    """What routing sees of a simulated request: the gateway's `make_route_request` at time `now`."""
+    return make_route_request(
         request_id=request.request_id,
         tenant=request.tenant,
         base=BASE_MODEL,
@@ -87,22 +84,33 @@ def route_request(request: SimRequest, now: float) -> RouteRequest:
 
 
 class FleetSim:
-    """One profile's run: the event loop, the gateway's fresh counters and prefix index, the heartbeats."""
+    """One profile's run: the event loop, the gateway's routing state (heartbeats feed its fleet view,
+    the workers' KV events its prefix index), and the reservations of the requests in flight."""
 
     def __init__(self, profile: RoutingProfile, fleet: FleetSpec, seed: int):
         self.profile, self.fleet, self.rng = profile, fleet, random.Random(seed)
-        self.index = PrefixIndex()
+        self.routing = RoutingState(PrefixIndex(), fleet.queued_tokens, fleet.record_routed)
+        width = len(str(fleet.num_workers - 1))  # ids sort in worker order, as routing lists them
         self.workers = [
-            SimWorker(f"w{k}", fleet.engine, BASE_MODEL, self.on_kv_event) for k in range(fleet.num_workers)
+            SimWorker(f"w{k:0{width}d}", fleet.engine, BASE_MODEL, self.on_kv_event)
+            for k in range(fleet.num_workers)
         ]
         self.index_of = {w.worker_id: k for k, w in enumerate(self.workers)}
-        self.states = [w.state(0.0) for w in self.workers]
-        self.outstanding = [0] * fleet.num_workers
-        self.queued_tokens = [0] * fleet.num_workers  # prompt tokens routed there, first token not yet out
+        self.routing.observe({w.worker_id: self.heartbeat(w, 0.0) for w in self.workers})
+        self.reservations: dict[str, Reservation] = {}  # by request id, until the request finishes
         self.events: list[tuple[float, int, int, int]] = []  # (time, kind, order, worker index)
         self.order = 0
         self.rejected = 0
         self.measure_from_s = 0.0
+
+    @property
+    def index(self) -> PrefixIndex:
+        return self.routing.index
+
+    @staticmethod
+    def heartbeat(worker: SimWorker, now: float) -> WorkerView:
+        """The worker's state as it would publish it, and its queue length (exact, as XLEN is)."""
+        return WorkerView(worker.state(now), worker.outstanding)
 
     def on_kv_event(self, worker_id: str, stored: Sequence[int], evicted: Sequence[int]) -> None:
         if stored:
@@ -119,37 +127,26 @@ class FleetSim:
         if not worker.busy and (duration := worker.start_step()) is not None:
             self.push(now + duration, STEP_END, k)
 
-    def candidates(self, request: SimRequest) -> list[Candidate]:
-        return [
-            Candidate(
-                state=self.states[k],
-                outstanding=self.outstanding[k],
-                cached_blocks=self.index.cached_blocks(w.worker_id, request.block_hashes),
-                queued_tokens=self.queued_tokens[k] if self.fleet.queued_tokens else None,
-            )
-            for k, w in enumerate(self.workers)
-        ]
-
     def arrive(self, request: SimRequest) -> None:
         now = request.arrival_s
-        decision = self.profile.route(
-            route_request(request, now), self.candidates(request), self.rng, request.request_id
+        routed = self.routing.route(
+            self.profile, sim_route_request(request, now), self.rng, request.request_id
         )
-        if decision.worker_id is None:
+        if routed.reservation is None:
             self.rejected += now >= self.measure_from_s
             return
-        k = self.index_of[decision.worker_id]
-        if self.fleet.record_routed:
-            self.index.record_routed(decision.worker_id, request.block_hashes)
+        routed.reservation.commit()  # queued at once: no Redis in between
+        self.reservations[request.request_id] = routed.reservation
+        k = self.index_of[routed.reservation.worker_id]
         self.workers[k].enqueue(request)
-        self.outstanding[k] += 1
-        self.queued_tokens[k] += request.prompt_tokens
         self.kick(k, now)
 
     def step_end(self, k: int, now: float) -> None:
         worker = self.workers[k]
-        self.queued_tokens[k] -= sum(s.request.prompt_tokens for s in worker.admitted)
-        self.outstanding[k] -= len(worker.finish_step(now))
+        for seq in worker.admitted:  # prefilled in this step: their first token is out
+            self.reservations[seq.request.request_id].first_token()
+        for finished in worker.finish_step(now):
+            self.reservations.pop(finished.request_id).release()
         self.kick(k, now)
 
     def run(self, requests: Sequence[SimRequest], warmup: int = 0) -> ProfileResult:
@@ -168,7 +165,8 @@ class FleetSim:
                 if kind == STEP_END:
                     self.step_end(k, now)
                 elif i < len(requests):  # heartbeats only matter while requests still arrive
-                    self.states[k] = self.workers[k].state(now)
+                    worker = self.workers[k]
+                    self.routing.observe({worker.worker_id: self.heartbeat(worker, now)}, keep_missing=True)
                     self.push(now + beat, HEARTBEAT, k)
             else:
                 self.arrive(requests[i])

@@ -7,9 +7,10 @@ block, under one adapter. So the number of prompt tokens a worker can take from 
 
 Two ways to feed it, usable together:
 
-* precise: `apply_event(worker_id, event)` with the worker's KV events (`loragate.contracts.KVEvent`, read
-  from `lg:events:{worker_id}`): `stored` adds blocks, `evicted` removes them, `cleared` drops the worker's
-  blocks and adapters; `adapter_loaded`/`adapter_evicted` keep each adapter's latest tier on the worker.
+* precise: `apply_event(worker_id, event)` with the worker's KV events (`loragate.contracts.KVEvent`,
+  read from `lg:events:{worker_id}`): `stored` adds blocks, `evicted` removes them, `cleared` drops the
+  worker's blocks and adapters; `adapter_loaded`/`adapter_evicted` keep each adapter's latest tier on
+  the worker.
 * approximate (events off): `record_routed(worker_id, hashes)` after each routing decision — what was
   sent where is what the worker will most likely hold. With events on, recording routed blocks as well
   covers the gap between routing and the worker's `stored` event, when bursts share a new prefix.

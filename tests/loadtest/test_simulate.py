@@ -22,6 +22,7 @@ from loadtest.simulate import (
     simulate,
 )
 from loragate.hashing import block_hashes
+from policies.routing_state import RoutingState
 
 FLEET = FleetSpec(
     num_workers=2, engine=replace(EngineModel(), cache_blocks=256, max_loras=4, host_adapters=8)
@@ -185,3 +186,19 @@ def test_cli_last_line_is_the_json_summary(capsys: pytest.CaptureFixture[str]) -
     ):
         assert isinstance(summary[key], float), key
     assert set(summary["profiles"]) == {"default", "least-loaded", "round-robin", "random"}
+
+
+def test_the_simulator_routes_through_the_gateways_routing_state(requests: list[SimRequest]) -> None:
+    sim = FleetSim(policy_profiles()("default"), FLEET, seed=1)
+    assert isinstance(sim.routing, RoutingState)
+    sim.run(requests[:100])
+    # Every request released its reservation: nothing outstanding, no prompt tokens queued.
+    assert sim.reservations == {} and sim.routing.queued_tokens == {}
+    assert [v.queue_len for v in sim.routing.workers.values()] == [0] * FLEET.num_workers
+    assert sum(sim.index.size(w.worker_id) for w in sim.workers) > 0  # routed and stored blocks
+
+
+def test_simulated_worker_ids_sort_in_worker_order() -> None:
+    sim = FleetSim(policy_profiles()("round-robin"), replace(FLEET, num_workers=12), seed=0)
+    ids = [w.worker_id for w in sim.workers]
+    assert ids == sorted(ids) and ids[:2] == ["w00", "w01"]

@@ -1,0 +1,63 @@
+"""Stage tokenize: the prompt's token ids (chat template, or the completion prompt as text or ids), the
+completion budget within the model's context, and the sampling parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway import protocol
+from gateway.context import GatewayContext
+from gateway.errors import bad_request
+from gateway.pipeline.parse import Call
+from gateway.pipeline.resolve import Resolved
+from loragate.tracing import span
+from loragate.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str | None  # the rendered prompt (None: a completion prompt given as token ids)
+    token_ids: tuple[int, ...]
+    max_tokens: int
+    params: SamplingParams
+
+
+def tokenize(ctx: GatewayContext, call: Call, resolved: Resolved) -> Prompt:
+    text: str | None
+    with span(ctx.tracer, "tokenize") as tokenize_span:
+        tok = ctx.tokenizers.get(resolved.worker_state.model_dir)
+        if call.chat:
+            text = tok.render_chat(call.messages)
+            ids = tok.encode(text)
+        else:
+            text, given = protocol.completion_prompt(call.body, tok.vocab_size)
+            ids = given if given is not None else tok.encode(text or "")
+        tokenize_span.set_attribute("gen_ai.usage.input_tokens", len(ids))
+    if not ids:
+        raise bad_request("The prompt is empty after tokenization.", param="prompt")
+    max_tokens = completion_budget(len(ids), call.parsed.max_tokens, resolved.max_model_len, call.chat)
+    params = protocol.sampling_params(call.parsed, max_tokens)
+    if call.server_span.is_recording():
+        call.server_span.set_attributes(
+            {
+                "gen_ai.request.max_tokens": max_tokens,
+                "gen_ai.request.temperature": params.temperature,
+                "gen_ai.request.top_p": params.top_p,
+            }
+        )
+    return Prompt(text, tuple(ids), max_tokens, params)
+
+
+def completion_budget(prompt_tokens: int, asked: int | None, limit: int, chat: bool) -> int:
+    """The completion's `max_tokens`: as asked, else the rest of the context (chat) or 16 (completion,
+    as OpenAI's default); 400 when prompt and completion do not fit in `limit` tokens."""
+    max_tokens = asked or (limit - prompt_tokens if chat else 16)
+    if prompt_tokens + max_tokens > limit:
+        raise bad_request(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
+            "completion). Please reduce the prompt or the completion length.",
+            param="messages" if chat else "prompt",
+            code="context_length_exceeded",
+        )
+    return max_tokens

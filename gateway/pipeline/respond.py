@@ -1,0 +1,111 @@
+"""Stage respond: wait for the request's first output event (so an error the worker finds still gets a
+proper status), then answer: an SSE stream, or one JSON body collected from every event. From the
+moment it is enqueued a client that goes away cancels its request, even while it still waits in a
+queue; `finish` and `cancel` end this handler's part on every path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
+
+from gateway import protocol
+from gateway.context import GatewayContext
+from gateway.errors import APIError
+from gateway.pipeline.admit import client_closed
+from gateway.pipeline.output import OutputReader
+from gateway.pipeline.stream import Answer, sse
+from gateway.relay import ClientGone, EventChannel
+from gateway.sse import EventStreamResponse
+from loragate.messages import OutputEvent
+
+Done = Callable[[OutputEvent, float], None]  # (last event, monotonic time of the first)
+
+
+async def respond(
+    ctx: GatewayContext,
+    request: Request,
+    answer: Answer,
+    stream: bool,
+    reader: OutputReader,
+    done: Done,
+    headers: dict[str, str],
+) -> Response:
+    watcher = asyncio.ensure_future(watch(request.receive, reader.events))
+    try:
+        first = await first_event(reader, ctx.settings.first_event_timeout_s)
+        first_at = time.monotonic()
+
+        def finished(event: OutputEvent) -> None:
+            done(event, first_at)
+
+        headers["x-loragate-worker"] = first.worker_id
+        if stream:
+            chunks = sse(answer, first, reader, ctx.settings.request_timeout_s, finished, watcher)
+            return EventStreamResponse(chunks, headers)
+    except BaseException:
+        watcher.cancel()
+        raise
+    try:
+        return await collect(answer, first, reader, ctx.settings.request_timeout_s, finished, headers)
+    finally:
+        watcher.cancel()
+
+
+async def watch(receive: Receive, events: EventChannel) -> None:
+    """Tell the request's channel when its client disconnects (ASGI `http.disconnect`)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    events.client_gone()
+
+
+async def first_event(reader: OutputReader, timeout_s: float) -> OutputEvent:
+    """The first output event; its prompt no longer waits on the worker then, whatever came."""
+    try:
+        first = await reader.next(timeout_s)
+    except (APIError, ClientGone) as e:
+        await reader.cancel()
+        raise e if isinstance(e, APIError) else client_closed() from None
+    finally:
+        reader.first_token()
+    if first.error is not None:
+        reader.finish()
+        err = first.error
+        again = {"Retry-After": "2"} if err.get("status") == 503 else None  # e.g. lost with Redis
+        status, message = int(err.get("status", 400)), str(err.get("message"))
+        raise APIError(status, message, code=err.get("code"), headers=again)
+    return first
+
+
+async def collect(
+    answer: Answer,
+    first: OutputEvent,
+    reader: OutputReader,
+    timeout_s: float,
+    on_done: Callable[[OutputEvent], None],
+    headers: dict[str, str],
+) -> Response:
+    texts, event = [first.text], first
+    try:
+        while not event.is_last:
+            event = await reader.next(timeout_s)
+            if event.error is not None:
+                err = event.error
+                raise APIError(int(err.get("status", 500)), str(err.get("message")), code=err.get("code"))
+            texts.append(event.text)
+    except (APIError, asyncio.CancelledError):
+        await reader.cancel()
+        raise
+    except ClientGone:
+        await reader.cancel()
+        raise client_closed() from None
+    reader.finish()
+    on_done(event)
+    use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
+    build = protocol.chat_body if answer.chat else protocol.completion_body
+    body = build(answer.request_id, answer.model, "".join(texts), event.finish_reason, use)
+    return JSONResponse(body, headers=headers)
