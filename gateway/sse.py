@@ -3,8 +3,8 @@
 Starlette's `StreamingResponse`, under an ASGI server that speaks spec < 2.4 (uvicorn 0.54 says 2.3),
 runs every response in an anyio task group with a second task listening for the disconnect. That costs
 more than the rest of the response on the TTFT path, and the gateway watches for disconnects itself
-(from the moment a request is enqueued, not only once it streams: `gateway.openai_api`). This response
-only writes: the head, one body message per chunk, and the end.
+(from the moment a request is enqueued, not only once it streams: `gateway.pipeline.respond.watch`).
+This response only writes: the head, one body message per chunk, and the end.
 """
 
 from __future__ import annotations
