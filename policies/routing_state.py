@@ -154,7 +154,9 @@ class RoutingState:
         self, views: Mapping[str, WorkerView], mark: ObservationMark | None = None, keep_missing: bool = False
     ) -> None:
         """Workers as an observation saw them (without `mark`: at this instant). Changes noted since
-        `mark` may be missing from it and are applied on top; `keep_missing` keeps workers it did not see."""
+        `mark` may be missing from it and are applied on top; `keep_missing` keeps workers it did not see.
+        One router uses one kind: an observation without a mark forgets every change noted so far, so it
+        must not come between a `mark` and the `observe` it belongs to."""
         before = mark.noted if mark is not None else dict(self._delta)
         self._delta = {w: d - before.get(w, 0) for w, d in self._delta.items() if d != before.get(w, 0)}
         fresh = dict(views)

@@ -94,6 +94,7 @@ class LLMEngine:
             device=config.device,
             dtype=config.dtype,
         )
+        self._last_snapshot = self.snapshot()
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -136,6 +137,11 @@ class LLMEngine:
         return len(self.scheduler.waiting)
 
     def step(self) -> list[RequestOutput]:
+        outputs = self._step()
+        self._last_snapshot = self.snapshot()
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         outputs = [self._output(t, [], "") for t in self.aborted]
         self.aborted.clear()
         sched = self.scheduler.schedule()
@@ -200,10 +206,14 @@ class LLMEngine:
         self.adapters.pinned = set(names)
 
     # -- state, for heartbeats, metrics and routers -------------------------------------------------
+    @property
+    def last_snapshot(self) -> EngineSnapshot:
+        """The snapshot taken at the end of the last step: for other threads (the metrics server), which
+        must not walk the engine's containers while its thread changes them; reading it is one reference."""
+        return self._last_snapshot
+
     def snapshot(self) -> EngineSnapshot:
-        """The engine's load and cache counters now. Also called from the metrics server's thread: it
-        only reads, and copies each container in one C-level call (`len`, `tuple`), which the GIL keeps
-        whole while the engine's thread changes it."""
+        """The engine's load and cache counters now; call it from the engine's thread only."""
         blocks, adapters, stats = self.blocks, self.adapters, self.stats
         return EngineSnapshot(
             running=len(self.scheduler.running),

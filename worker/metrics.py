@@ -1,5 +1,5 @@
-"""A worker's own Prometheus metrics (`loragate worker --metrics-port N`), read from the engine at scrape
-time: KV blocks used/free, sequences running/waiting, prefix-cache hit vs queried prompt tokens, adapter
+"""A worker's own Prometheus metrics (`loragate worker --metrics-port N`), from the engine's snapshot of its
+last step: KV blocks used/free, sequences running/waiting, prefix-cache hit vs queried prompt tokens, adapter
 loads by tier (disk → host memory, host → device slot) and evictions by tier, preemptions and generated
 tokens."""
 
@@ -19,7 +19,7 @@ class EngineCollector(Collector):
         self.engine, self.worker_id = engine, worker_id
 
     def collect(self) -> Iterator[Metric]:
-        snap, w = self.engine.snapshot(), [self.worker_id]
+        snap, w = self.engine.last_snapshot, [self.worker_id]  # scraped on another thread
         kv = GaugeMetricFamily("loragate_engine_kv_blocks", "KV blocks", labels=["worker", "state"])
         kv.add_metric([*w, "free"], snap.kv_blocks_free)
         kv.add_metric([*w, "used"], snap.kv_blocks_total - snap.kv_blocks_free)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opentelemetry.trace import Span, get_current_span
@@ -35,10 +35,10 @@ async def parse(ctx: GatewayContext, request: Request, chat: bool) -> Call:
             tenant = await ctx.auth.tenant(request)
     body = await read_json(request, ctx.settings.max_body_bytes)
     parsed = protocol.parse_common(body, chat)
-    call = Call(chat, tenant, body, parsed, protocol.chat_messages(body) if chat else [], server_span)
-    if server_span.is_recording():
+    call = Call(chat, tenant, body, parsed, [], server_span)
+    if server_span.is_recording():  # before the messages are checked: a refused request is named too
         server_span.set_attributes(call_attributes(call))
-    return call
+    return replace(call, messages=protocol.chat_messages(body)) if chat else call
 
 
 def call_attributes(call: Call) -> dict[str, str]:

@@ -70,6 +70,9 @@ async def first_event(reader: OutputReader, timeout_s: float) -> OutputEvent:
     except (APIError, ClientGone) as e:
         await reader.cancel()
         raise e if isinstance(e, APIError) else client_closed() from None
+    except BaseException:  # cancelled (the server stops) or unexpected: what it holds is given back
+        reader.finish()
+        raise
     finally:
         reader.first_token()
     if first.error is not None:

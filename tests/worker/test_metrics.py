@@ -40,3 +40,15 @@ def test_collector_reports_the_engine_snapshot(zoo: ZooPaths) -> None:
         ("loragate_engine_generated_tokens", ""): 5,
     }
     assert snap.kv_blocks_free == 64 - 2  # m2 holds its 31 tokens' two blocks
+
+
+def test_other_threads_read_the_snapshot_of_the_last_step(zoo: ZooPaths) -> None:
+    """The metrics thread never walks the engine's containers: it reads the snapshot the engine's own
+    thread took at the end of its last step, which a request added since does not change."""
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=64))
+    assert engine.last_snapshot == engine.snapshot()  # before any step: the state at start
+    engine.add_request(Request("s1", tuple(range(100, 120)), SamplingParams(max_tokens=4, ignore_eos=True)))
+    assert engine.last_snapshot.waiting == 0 and engine.snapshot().waiting == 1
+    engine.step()
+    assert engine.last_snapshot == engine.snapshot()
+    assert engine.last_snapshot.running == 1 and engine.last_snapshot.steps == 1

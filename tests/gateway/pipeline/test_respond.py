@@ -66,6 +66,25 @@ def test_no_first_event_in_time_is_504_and_cancels(redis_url: str) -> None:
     run(redis_url, body)
 
 
+def test_a_handler_cancelled_while_waiting_for_its_first_event_gives_back_what_it_holds(
+    redis_url: str,
+) -> None:
+    """The server stops (or anything unexpected happens) while the handler waits: its reservation is
+    released and it stops relaying, not left counted on the worker until the next fleet refresh."""
+
+    async def body(ctx: GatewayContext) -> None:
+        reader = await queued(ctx)
+        waiting = asyncio.ensure_future(first_event(reader, 30))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert phase(reader) is Phase.RELEASED and ctx.router.state.queued_tokens == {}
+        assert sum(w.queue_len for w in ctx.fleet.workers.values()) == 0
+
+    run(redis_url, body)
+
+
 def test_the_first_token_frees_the_queued_prompt(redis_url: str) -> None:
     async def body(ctx: GatewayContext) -> None:
         reader = await queued(ctx)
