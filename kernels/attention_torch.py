@@ -77,8 +77,7 @@ def paged_attention_decode_torch(
     _, block_size, kvh, _ = k_cache.shape
     group = num_heads // kvh
     dtype = _compute_dtype(q.dtype)
-    sorted_lens, order = torch.sort(context_lens, descending=True, stable=True)
-    lens = sorted_lens.tolist()
+    lens, order = meta.by_length  # once per step, shared by every layer
     firsts = [_first_block(c - 1, block_size, sliding_window) for c in lens]
     spans = [-(-c // block_size) - f for c, f in zip(lens, firsts, strict=True)]
     block_bytes = 2 * k_cache[0].numel() * k_cache.element_size()
@@ -103,7 +102,7 @@ def paged_attention_decode_torch(
         qg = q.index_select(0, idx).view(n, kvh, group, head_dim).to(dtype)
         mask = None
         if sliding_window is not None or lens[end - 1] < ctx:
-            c = sorted_lens[start:end, None]
+            c = context_lens.index_select(0, idx)[:, None]
             seen = pos < c if sliding_window is None else (pos < c) & (pos >= c - sliding_window)
             mask = seen[:, None, None, :]
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
@@ -156,11 +155,10 @@ def paged_attention_prefill_torch(
     sliding_window: int | None = None,
 ) -> None:
     assert meta.query_start_loc is not None  # checked by `kernels.attention.paged_attention_prefill`
-    block_tables, query_start_loc, context_lens = meta.block_tables, meta.query_start_loc, meta.context_lens
+    block_tables = meta.block_tables
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, kvh = k_cache.shape[1], k_cache.shape[2]
-    starts = query_start_loc.tolist()
-    ctx_lens = context_lens.tolist()
+    starts, ctx_lens = meta.query_start_list, meta.context_lens_list  # host copies, once per step
     for i, ctx in enumerate(ctx_lens):
         s, e = starts[i], starts[i + 1]
         if e == s:

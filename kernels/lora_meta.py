@@ -5,11 +5,15 @@ slot, so tokens of one adapter are contiguous) give three segments:
 `seg_indptr = [0, 3, 5, 9]`, `slot_ids = [2, -1, 0]`, and on the host `segments = ((0, 3, 2), (5, 9, 0))`
 (slot -1 dropped). Slot -1 means "no adapter"; kernels skip it. The Triton kernels read the two device
 tensors; the torch path loops over `segments`, so no layer reads segment bounds back from the device.
+Likewise the slot tables: `for_module` gives the step's meta for one target module with host copies of
+that module's per-slot ranks and scales, made once per step, which the torch path reads instead of the
+`ranks` / `scale` tensors in every layer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,11 +28,19 @@ class LoRABatchMeta:
     slot_ids: [num_segments] int64, on the compute device.
     segments: the same segments as Python `(start, end, slot)` tuples, non-empty and slot >= 0 only
         (the torch path's loop, and the step's active slots).
+    host_ranks, host_scale: [S] on the host, optional: the per-slot ranks and scales of the module this
+        meta is used with, equal to the `ranks` / `scale` tensors passed beside it (see `for_module`).
     """
 
     seg_indptr: torch.Tensor
     slot_ids: torch.Tensor
     segments: tuple[Segment, ...]
+    host_ranks: tuple[int, ...] | None = None
+    host_scale: tuple[float, ...] | None = None
+
+    def for_module(self, ranks: Sequence[int], scale: Sequence[float]) -> LoRABatchMeta:
+        """This step's segments with one module's slot tables on the host (copied once per step)."""
+        return replace(self, host_ranks=tuple(ranks), host_scale=tuple(scale))
 
     @property
     def active_slots(self) -> frozenset[int]:

@@ -13,6 +13,8 @@ of fixed overhead here (oneDNN), so short bf16 segments (decode) run in fp32 too
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from kernels.lora_meta import LoRABatchMeta, Segment
@@ -34,11 +36,9 @@ def shrink_segments(
     x: torch.Tensor,
     weights: torch.Tensor,
     segments: tuple[Segment, ...],
-    scale: torch.Tensor,
-    ranks: torch.Tensor | None,
+    scales: Sequence[float],
+    rank_list: Sequence[int] | None,
 ) -> None:
-    scales = scale.tolist()
-    rank_list = ranks.tolist() if ranks is not None else None
     for start, end, slot in segments:
         r = rank_list[slot] if rank_list is not None else weights.shape[1]
         if r:
@@ -50,9 +50,8 @@ def expand_segments(
     v: torch.Tensor,
     weights: torch.Tensor,
     segments: tuple[Segment, ...],
-    ranks: torch.Tensor | None,
+    rank_list: Sequence[int] | None,
 ) -> None:
-    rank_list = ranks.tolist() if ranks is not None else None
     for start, end, slot in segments:
         r = rank_list[slot] if rank_list is not None else weights.shape[2]
         if r:
@@ -69,7 +68,7 @@ def sgmv_shrink_torch(
     scale: torch.Tensor,
     ranks: torch.Tensor | None = None,
 ) -> None:
-    shrink_segments(y, x, lora_a[layer], meta.segments, scale, ranks)
+    shrink_segments(y, x, lora_a[layer], meta.segments, _scales(meta, scale), _ranks(meta, ranks))
 
 
 def sgmv_expand_torch(
@@ -83,4 +82,15 @@ def sgmv_expand_torch(
     ranks: torch.Tensor | None = None,
 ) -> None:
     out = y.narrow(1, y_offset, lora_b.shape[2])
-    expand_segments(out, v, lora_b[layer], meta.segments, ranks)
+    expand_segments(out, v, lora_b[layer], meta.segments, _ranks(meta, ranks))
+
+
+def _scales(meta: LoRABatchMeta, scale: torch.Tensor) -> Sequence[float]:
+    """The per-slot scales on the host: the step's copy when it has one, else read back (tests, benches)."""
+    return meta.host_scale if meta.host_scale is not None else scale.tolist()
+
+
+def _ranks(meta: LoRABatchMeta, ranks: torch.Tensor | None) -> Sequence[int] | None:
+    if ranks is None:
+        return None
+    return meta.host_ranks if meta.host_ranks is not None else ranks.tolist()

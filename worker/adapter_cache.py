@@ -66,6 +66,7 @@ class AdapterCache:
             for module, (fan_in, fan_out) in cfg.module_shapes().items()
         }
         self.host_ranks = {module: [0] * num_slots for module in self.stacks}  # stack.ranks, host copy
+        self.host_scale = {module: [0.0] * num_slots for module in self.stacks}  # stack.scale, host copy
         self.tier_events: list[tuple[str, AdapterTier]] = []  # (adapter, new tier) since the last drain
         self.disk_reads = 0  # host-tier misses: adapter read from disk
         self.device_loads = 0  # slot writes: adapter copied from host into a device slot
@@ -167,6 +168,7 @@ class AdapterCache:
             stack.a[:, slot, :r].copy_(lora.a, non_blocking=True)
             stack.b[:, slot, :, :r].copy_(lora.b, non_blocking=True)
             stack.scale[slot] = lora.scale
+            self.host_scale[module][slot] = lora.scale
 
 
 def pinned(weights: LoRAWeights) -> LoRAWeights:

@@ -110,10 +110,18 @@ def build_forward_batch(
         positions=t[1],
         slot_mapping=t[2],
         num_decode=len(decode),
-        decode=AttentionMeta(block_tables=t[3].view(len(decode), decode_width), context_lens=t[4]),
+        decode=AttentionMeta(
+            block_tables=t[3].view(len(decode), decode_width),
+            context_lens=t[4],
+            host_context_lens=tuple(parts[4]),
+        ),
         num_prefill_seqs=len(prefill),
         prefill=AttentionMeta(
-            block_tables=t[5].view(len(prefill), prefill_width), context_lens=t[7], query_start_loc=t[6]
+            block_tables=t[5].view(len(prefill), prefill_width),
+            context_lens=t[7],
+            query_start_loc=t[6],
+            host_context_lens=tuple(parts[7]),
+            host_query_start_loc=tuple(query_starts),
         ),
         logits_indices=t[8],
         lora=LoRABatchMeta(t[9], t[10], segments) if has_lora else None,

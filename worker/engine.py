@@ -256,7 +256,12 @@ class LLMEngine:
         )
         lora = None
         if batch.lora is not None:
-            lora = LoRAContext(self.adapters.stacks, self.adapters.active_modules(batch.lora.active_slots))
+            meta, cache = batch.lora, self.adapters
+            metas = {
+                m: meta.for_module(cache.host_ranks[m], cache.host_scale[m])
+                for m in cache.active_modules(meta.active_slots)
+            }
+            lora = LoRAContext(cache.stacks, metas)
         return batch, order, sampled_seqs, lora
 
     def _validate(self, request: Request) -> None:

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_attention_decode, paged_attention_prefill, sgmv_expand, sgmv_shrink, write_kv
+from kernels import (
+    LoRABatchMeta,
+    paged_attention_decode,
+    paged_attention_prefill,
+    sgmv_expand,
+    sgmv_shrink,
+    write_kv,
+)
 from worker.adapter_cache import LoRAStack
 from worker.batch import ForwardBatch
 from worker.config import ModelConfig
@@ -25,10 +32,11 @@ from worker.rope import RotaryEmbedding
 
 @dataclass(frozen=True)
 class LoRAContext:
-    """The adapter stacks for this step and which target modules any active slot adapts."""
+    """The adapter stacks for this step and, for each target module any active slot adapts, the step's
+    segment metadata with that module's slot tables on the host (`LoRABatchMeta.for_module`)."""
 
     stacks: dict[str, LoRAStack]
-    active_modules: frozenset[str]
+    metas: dict[str, LoRABatchMeta]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -108,9 +116,8 @@ class ModelRunner:
     ) -> None:
         if lora is None or fb.lora is None:
             return
-        meta = fb.lora
         for module, offset in slices.items():
-            if module not in lora.active_modules:
+            if (meta := lora.metas.get(module)) is None:  # no active slot adapts it
                 continue
             stack = lora.stacks[module]
             v = x.new_zeros(x.shape[0], stack.a.shape[2])

@@ -14,6 +14,7 @@ from tests.kernels.kernel_testing import (
     paged_kv,
     prefill_meta,
     prefill_reference,
+    query_start_loc,
     rel_err,
 )
 
@@ -191,3 +192,44 @@ def test_write_kv_stores_each_token_at_its_slot() -> None:
     )
     assert torch.equal(v_cache[1, 5], v[1])
     assert int((k_cache != 0).any(-1).any(-1).sum()) == 3
+
+
+@pytest.mark.parametrize("window", [None, 5], ids=["full", "window 5"])
+def test_host_lengths_from_the_step_mean_no_layer_reads_the_device_back(
+    window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's builder gives the lengths as Python ints: no layer calls `.tolist()` (a device sync
+    per layer on a GPU), and the results still match the float64 reference."""
+    gen = torch.Generator().manual_seed(7)
+    q_lens, ctx = [3, 1, 6], [9, 17, 6]
+    kv = paged_kv(ctx, 8, 2, 32, torch.float32, gen)
+    dec_q = torch.randn(len(ctx), 4, 32, generator=gen)
+    pre_q = torch.randn(sum(q_lens), 4, 32, generator=gen)
+    starts = query_start_loc(q_lens)
+    decode = AttentionMeta(kv.block_tables, torch.tensor(ctx), host_context_lens=tuple(ctx))
+    prefill = AttentionMeta(
+        kv.block_tables,
+        torch.tensor(ctx),
+        query_start_loc=starts,
+        host_context_lens=tuple(ctx),
+        host_query_start_loc=tuple(starts.tolist()),
+    )
+
+    def no_read_back(self: torch.Tensor) -> list[object]:
+        raise AssertionError("a layer read a tensor back to the host")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", no_read_back)
+    dec_out, pre_out = torch.empty_like(dec_q), torch.empty_like(pre_q)
+    for _ in range(3):  # every layer of a step shares the metadata
+        paged_attention_decode(dec_out, dec_q, kv.k, kv.v, decode, scale=0.2, sliding_window=window)
+        paged_attention_prefill(pre_out, pre_q, kv.k, kv.v, prefill, scale=0.2, sliding_window=window)
+    monkeypatch.undo()
+    assert rel_err(dec_out, decode_reference(dec_q, kv, ctx, 0.2, window)) < TOLERANCE[torch.float32]
+    assert rel_err(pre_out, prefill_reference(pre_q, kv, q_lens, ctx, 0.2, window)) < TOLERANCE[torch.float32]
+
+
+def test_lengths_read_back_once_per_meta_when_the_builder_gave_none() -> None:
+    meta = AttentionMeta(torch.zeros(3, 2, dtype=torch.int64), torch.tensor([4, 9, 4]))
+    lens, order = meta.by_length
+    assert lens == (9, 4, 4) and order.tolist() == [1, 0, 2]  # longest first, ties in batch order
+    assert meta.by_length is meta.by_length and meta.context_lens_list == (4, 9, 4)

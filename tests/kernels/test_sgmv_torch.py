@@ -76,3 +76,26 @@ def test_segments_come_from_the_host_metadata_never_from_the_device_tensors() ->
     )
     check_shrink(case, y)
     check_expand(case, out)
+
+
+def test_slot_tables_from_the_step_mean_no_layer_reads_the_device_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the module's ranks and scales on the host (`LoRABatchMeta.for_module`, made once per step),
+    shrink and expand call no `.tolist()` in any layer, and still match the reference."""
+    case = lora_case("zipf", 0.3, torch.float32, 13)
+    assert case.ranks is not None
+    meta = LoRABatchMeta.from_token_slots(case.slots).for_module(
+        case.ranks.tolist(), case.stack.scale.tolist()
+    )
+
+    def no_read_back(self: torch.Tensor) -> list[object]:
+        raise AssertionError("a layer read a tensor back to the host")
+
+    y, out = case.y0.clone(), case.out0.clone()
+    monkeypatch.setattr(torch.Tensor, "tolist", no_read_back)
+    sgmv_shrink(y, case.x, case.stack.a, meta, layer=case.layer, scale=case.stack.scale, ranks=case.ranks)
+    sgmv_expand(out, case.v, case.stack.b, meta, layer=case.layer, y_offset=case.offset, ranks=case.ranks)
+    monkeypatch.undo()
+    check_shrink(case, y)
+    check_expand(case, out)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 from loragate.contracts import AdapterTier, EventType, KVEvent
 from loragate.hashing import block_hashes
@@ -313,3 +314,35 @@ def test_state_events_describe_everything_held_and_drop_pending_changes(
     snap = engine.snapshot()
     assert snap.cached_blocks == len(block_events(state, EventType.STORED))
     assert snap.adapters_device == (second,) and set(snap.adapters_host) == {first, second}
+
+
+def test_a_forward_pass_reads_nothing_back_from_the_device(
+    engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segment bounds, slot ranks and scales, context lengths and query starts are Python values made
+    once per step: the model's forward (every layer, LoRA on, prefill and decode mixed) calls no
+    `.tolist()`, the read-back that costs a device sync per call on a GPU."""
+    names = list(engine.adapters.paths)[:2]
+    first = Request("rb-1", prompt(41), greedy(4), names[0])
+    engine.add_request(first)
+    engine.step()  # rb-1 decodes next step, beside rb-2's prefill
+    engine.add_request(Request("rb-2", prompt(42, 30), greedy(4), names[1]))
+    scheduled = engine.scheduler.schedule().scheduled
+    assert sorted(n for _, n in scheduled) == [1, 30]
+    batch, _, _, lora = engine._prepare(scheduled)
+    assert lora is not None and batch.lora is not None
+    reads: list[int] = []
+    tolist = torch.Tensor.tolist
+
+    def counted(self: torch.Tensor) -> Any:
+        reads.append(self.numel())
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    engine.runner.forward(batch, lora)
+    monkeypatch.undo()
+    assert reads == []
+    for rid in ("rb-1", "rb-2"):
+        engine.abort(rid)
+    while engine.has_work():
+        engine.step()

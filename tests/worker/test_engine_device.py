@@ -87,7 +87,7 @@ def test_a_step_on_the_meta_device_leaves_nothing_on_the_host(
     for step in range(3):  # chunked prefill (budget 24 of 50 prompt tokens), then decode mixed in
         scheduled = engine.scheduler.schedule().scheduled
         batch, order, sampled_seqs, lora = engine._prepare(scheduled)
-        assert lora is not None and lora.active_modules
+        assert lora is not None and lora.metas
         metas = (batch.decode, batch.prefill, batch.lora)
         batch_tensors = [v for m in (batch, *metas) for v in vars(m).values() if isinstance(v, torch.Tensor)]
         assert len(batch_tensors) == 4 + 2 + 3 + 2, step  # the batch's own, decode, prefill and LoRA
