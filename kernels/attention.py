@@ -3,8 +3,8 @@
 
 KV cache layout: `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, for K and V. A token's
 slot is `block_id * block_size + offset`. The backend follows the tensors' device (see `kernels.backend`):
-the Triton kernels of `kernels.attention_triton` on CUDA, `kernels.attention_torch` otherwise. The KV
-write is one `index_copy_` on either device.
+the Triton kernels of `kernels.attention_decode_triton` and `kernels.attention_prefill_triton` on CUDA,
+`kernels.attention_torch` otherwise. The KV write is one `index_copy_` on either device.
 
 Sliding-window attention (Mistral, windowed Qwen2 layers) is the same causal attention with the keys
 more than `sliding_window - 1` positions behind the query masked out: the query at position `p` sees keys
@@ -74,7 +74,7 @@ def paged_attention_decode(
     """
     check_window(sliding_window)
     if use_triton(q):
-        from kernels.attention_triton import paged_attention_decode_triton
+        from kernels.attention_decode_triton import paged_attention_decode_triton
 
         paged_attention_decode_triton(
             out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
@@ -117,7 +117,7 @@ def paged_attention_prefill(
     if meta.query_start_loc is None:
         raise ValueError("prefill attention needs meta.query_start_loc")
     if use_triton(q):
-        from kernels.attention_triton import paged_attention_prefill_triton
+        from kernels.attention_prefill_triton import paged_attention_prefill_triton
 
         paged_attention_prefill_triton(
             out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window

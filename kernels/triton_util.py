@@ -1,6 +1,7 @@
 # mypy: allow-untyped-defs
 # (@triton.jit kernels take untyped pointers and scalars; their wrappers below are typed.)
-"""Shared pieces of the Triton kernels: the matrix-multiply helper and the launch-time checks.
+"""Shared pieces of the Triton kernels: the matrix-multiply helper, the launch-time checks and the
+constants and cache strides both paged-attention kernels use.
 
 Two interpreter traps shape this module. Under `TRITON_INTERPRET=1` a bf16 `tl.dot` returns garbage, so
 kernels upcast its operands to fp32 there (and only there: a GPU multiplies bf16 natively). The
@@ -19,6 +20,10 @@ from kernels.backend import triton_interpreting
 MIN_DOT_TILE = 16
 # Hopper (H100 SXM) streaming multiprocessors: the split heuristics aim for about two programs per SM.
 HOPPER_SMS = 132
+# Attention softmax runs in the log2 domain (`exp2`): scores are scaled by `scale * LOG2E`.
+LOG2E = 1.4426950408889634
+# The window the attention kernels get when there is none: larger than any context.
+NO_WINDOW = 2**31 - 1
 
 
 @triton.jit
@@ -52,3 +57,8 @@ def require_unit_last_stride(**tensors: torch.Tensor) -> None:
     strided = [name for name, t in tensors.items() if t.stride(-1) != 1]
     if strided:
         raise ValueError(f"the Triton kernels need a unit stride in the last dimension: {strided}")
+
+
+def kv_cache_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
+    """Block, token and KV-head strides of the `[NB, BS, KVH, D]` caches, K's three then V's."""
+    return (*k_cache.stride()[:3], *v_cache.stride()[:3])

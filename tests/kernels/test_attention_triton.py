@@ -64,7 +64,7 @@ def test_decode_matches_reference(
 def test_decode_split_kv_merges_partials(
     block_n: int, num_splits: int, dtype: torch.dtype, device: str
 ) -> None:
-    from kernels.attention_triton import paged_attention_decode_triton
+    from kernels.attention_decode_triton import paged_attention_decode_triton
 
     # Context 5 leaves some splits empty; 70 gives every split several tiles.
     ctx_lens = [5, 70, 33]
@@ -103,7 +103,7 @@ def test_prefill_matches_reference(
 
 
 def test_prefill_small_tiles_cover_several_query_and_key_tiles(device: str) -> None:
-    from kernels.attention_triton import paged_attention_prefill_triton
+    from kernels.attention_prefill_triton import paged_attention_prefill_triton
 
     q_lens, ctx = [40, 3], [40, 50]
     kv, q = prefill_inputs(q_lens, ctx, 16, (4, 2), 24, torch.float32)  # head_dim 24: a masked 32-wide tile
@@ -120,7 +120,7 @@ def test_prefill_small_tiles_cover_several_query_and_key_tiles(device: str) -> N
 def test_decode_sliding_window_matches_reference(
     window: int, num_splits: int | None, dtype: torch.dtype, device: str
 ) -> None:
-    from kernels.attention_triton import paged_attention_decode_triton
+    from kernels.attention_decode_triton import paged_attention_decode_triton
 
     # Contexts shorter than, equal to and longer than the window; 3 splits of a 20-token window leave
     # one empty.
@@ -151,7 +151,7 @@ def test_prefill_sliding_window_matches_reference(window: int, dtype: torch.dtyp
 
 
 def test_prefill_sliding_window_small_tiles(device: str) -> None:
-    from kernels.attention_triton import paged_attention_prefill_triton
+    from kernels.attention_prefill_triton import paged_attention_prefill_triton
 
     q_lens, ctx = [40, 3], [40, 50]
     kv, q = prefill_inputs(q_lens, ctx, 16, (4, 2), 24, torch.float32)
@@ -164,7 +164,8 @@ def test_prefill_sliding_window_small_tiles(device: str) -> None:
 
 
 def test_tiles_below_the_gpu_dot_minimum_are_rejected(device: str) -> None:
-    from kernels.attention_triton import paged_attention_decode_triton, paged_attention_prefill_triton
+    from kernels.attention_decode_triton import paged_attention_decode_triton
+    from kernels.attention_prefill_triton import paged_attention_prefill_triton
 
     kv, q = decode_inputs([4], 16, (2, 1), 16, torch.float32, seed=0)
     d, q = kv.on(device), q.to(device)

@@ -37,7 +37,8 @@ def test_unknown_backend_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_public_kernels_dispatch_to_triton_when_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     # Imported before TRITON_INTERPRET is set, so that on a GPU machine they stay compiled kernels.
-    import kernels.attention_triton
+    import kernels.attention_decode_triton
+    import kernels.attention_prefill_triton
     import kernels.sgmv_triton
 
     monkeypatch.setenv(BACKEND_ENV, "triton")
@@ -46,8 +47,8 @@ def test_public_kernels_dispatch_to_triton_when_forced(monkeypatch: pytest.Monke
     targets = [
         (kernels.sgmv_triton, "sgmv_shrink_triton"),
         (kernels.sgmv_triton, "sgmv_expand_triton"),
-        (kernels.attention_triton, "paged_attention_decode_triton"),
-        (kernels.attention_triton, "paged_attention_prefill_triton"),
+        (kernels.attention_decode_triton, "paged_attention_decode_triton"),
+        (kernels.attention_prefill_triton, "paged_attention_prefill_triton"),
     ]
     called: list[str] = []
     for module, name in targets:

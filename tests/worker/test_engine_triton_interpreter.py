@@ -51,7 +51,11 @@ def test_engine_on_triton_kernels_matches_the_torch_kernels(
             child.wait()
     assert child.returncode == 0, err[-4000:]
     got = json.loads(out.strip().splitlines()[-1])
-    assert got["triton_modules"] == ["kernels.attention_triton", "kernels.sgmv_triton"]
+    assert got["triton_modules"] == [
+        "kernels.attention_decode_triton",
+        "kernels.attention_prefill_triton",
+        "kernels.sgmv_triton",
+    ]
     assert expected["cached"]["b0"] == 16, "the scenario's second round must hit the prefix cache"
     assert got["cached"] == expected["cached"]
     assert got["tokens"] == expected["tokens"]
