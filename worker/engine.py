@@ -3,15 +3,14 @@
 A worker service drives it step by step (`add_request`, `step`, `abort`, `has_work`); `generate` runs a
 list of requests offline to completion. Everything a request can get wrong — unknown adapter, a prompt too
 long for the context or the KV pool, token ids outside the vocabulary — fails in `add_request`, never
-mid-step. What the service publishes about the engine it reads through `info` (fixed facts), `snapshot()`
-(load and cache counters), `drain_events()` / `state_events()` (KV and adapter events for the routers) and
-the adapter methods below; the managers (`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
+mid-step (the checks and each request's state: `worker.engine_requests`). What the service publishes about
+the engine it reads through `info` (fixed facts), `snapshot()` (load and cache counters), `drain_events()`
+/ `state_events()` (KV and adapter events for the routers) and the adapter methods below; the managers
+(`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
 """
 
 from __future__ import annotations
 
-import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,24 +22,18 @@ from worker.adapter_cache import AdapterCache
 from worker.batch import ForwardBatch, build_forward_batch
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig, ModelLoadError
-from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
+from worker.detokenizer import IncrementalDetokenizer
 from worker.device import is_cuda
 from worker.engine_events import EngineEvents
+from worker.engine_requests import Tracked, check_request, request_output, track
 from worker.engine_types import Completion, EngineInfo, EngineSnapshot, EngineStats
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
 from worker.model import LoRAContext, ModelRunner
 from worker.models import load_model_config
-from worker.sampler import Sampler, generator_seed
+from worker.sampler import Sampler
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequence import Sequence, SequenceStatus
-
-
-@dataclass
-class _Tracked:
-    seq: Sequence
-    detok: DetokenizerState
-    generator: torch.Generator | None
 
 
 class LLMEngine:
@@ -81,8 +74,8 @@ class LLMEngine:
             self.adapters.register(name, Path(path))
         self.sampler = Sampler()
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
-        self.requests: dict[str, _Tracked] = {}
-        self.aborted: list[_Tracked] = []
+        self.requests: dict[str, Tracked] = {}
+        self.aborted: list[Tracked] = []
         self.stats = EngineStats()
         self.events = EngineEvents(self.blocks, self.adapters)
         self.info = EngineInfo(
@@ -98,23 +91,15 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        self._validate(request)
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        check_request(request, self.info, self.blocks.num_blocks)
         if request.adapter is not None:
+            if not self.adapters.known(request.adapter):
+                raise ValueError(f"unknown adapter {request.adapter!r}")
             self.adapters.ensure_host(request.adapter)  # reads and validates now, not mid-step
-        p = request.params
-        generator = None
-        if not p.greedy:
-            seed = generator_seed(p.seed) if p.seed is not None else secrets.randbits(64)
-            generator = torch.Generator(device=self.config.device).manual_seed(seed)
-        seq = Sequence.from_request(request)
-        detok = DetokenizerState.start(request.prompt_token_ids, p.stop)
-        if request.resume_token_ids:
-            # Replay what the previous worker generated, then continue after the text it streamed.
-            for n in range(1, len(request.resume_token_ids) + 1):
-                self.detokenizer.update(detok, list(request.resume_token_ids[:n]))
-            detok.emitted = min(len(request.resume_text), len(detok.text))
-        self.requests[request.request_id] = _Tracked(seq, detok, generator)
-        self.scheduler.add(seq)
+        tracked = self.requests[request.request_id] = track(request, self.detokenizer, self.config.device)
+        self.scheduler.add(tracked.seq)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV; its final output comes with the next `step`."""
@@ -142,7 +127,7 @@ class LLMEngine:
         return outputs
 
     def _step(self) -> list[RequestOutput]:
-        outputs = [self._output(t, [], "") for t in self.aborted]
+        outputs = [request_output(t, [], "") for t in self.aborted]
         self.aborted.clear()
         sched = self.scheduler.schedule()
         self.stats.preemptions += len(sched.preempted)
@@ -264,32 +249,7 @@ class LLMEngine:
             lora = LoRAContext(cache.stacks, metas)
         return batch, order, sampled_seqs, lora
 
-    def _validate(self, request: Request) -> None:
-        rid, ids = request.request_id, request.prompt_token_ids
-        if rid in self.requests:
-            raise ValueError(f"request id {rid!r} is already in use")
-        if not ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(request.resume_token_ids) >= request.params.max_tokens:
-            raise ValueError("nothing left to generate: the resumed tokens already reach max_tokens")
-        total = len(ids) + request.params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({request.params.max_tokens}) = {total} exceeds "
-                f"the model's context length of {self.max_model_len} tokens"
-            )
-        if -(-total // self.config.block_size) > self.blocks.num_blocks:
-            raise ValueError(
-                f"request needs {total} tokens of KV but the pool holds "
-                f"{self.blocks.num_blocks * self.config.block_size}"
-            )
-        if request.adapter is not None and not self.adapters.known(request.adapter):
-            raise ValueError(f"unknown adapter {request.adapter!r}")
-
-    def _append_token(self, t: _Tracked, token: int) -> RequestOutput:
+    def _append_token(self, t: Tracked, token: int) -> RequestOutput:
         seq, p = t.seq, t.seq.request.params
         seq.token_ids.append(token)
         self.stats.decode_tokens += 1
@@ -307,18 +267,4 @@ class LLMEngine:
             self.scheduler.remove(seq)
             del self.requests[seq.request_id]
             self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
-        return self._output(t, [token], self.detokenizer.delta(t.detok, reason is not None))
-
-    @staticmethod
-    def _output(t: _Tracked, new_ids: list[int], text: str) -> RequestOutput:
-        seq = t.seq
-        return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=tuple(new_ids),
-            text_delta=text,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            prompt_tokens=seq.num_prompt_tokens,
-            completion_tokens=seq.num_output_tokens,
-            cached_tokens=seq.num_cached_tokens,
-        )
+        return request_output(t, [token], self.detokenizer.delta(t.detok, reason is not None))

@@ -318,7 +318,7 @@ def test_an_entry_read_by_a_lost_reply_is_started_even_when_the_worker_is_full(
         outages = service.outages
         client.client_pause(1000)  # the worker's next command times out: it re-syncs when Redis answers
         wait_for(lambda: service.outages > outages, 30, "the re-sync")
-        assert service._room() <= 0 and "runs" in service.active  # it was full all along
+        assert service.intake.room() <= 0 and "runs" in service.active  # it was full all along
         events = collect(client, "stranded", timeout=60)
         assert events[-1].completion_tokens == 4
     client.close()

@@ -1,0 +1,188 @@
+"""The worker's intake: its queue stream `lg:q:{worker}`, read as consumer `{worker}` of the workers' group.
+
+Requests are read with `XREADGROUP` — new ones (">") only as many as the engine can start soon, so the
+rest wait in Redis where gateways can re-route them; this worker's own pending ones ("0") at every re-sync
+— and each is started in the engine, continuing right after whatever its output stream already holds (a
+previous worker, or this one before an outage, may have streamed part of it), or failed to its client
+with an error event (deadline passed, bad adapter, a request the engine refuses). An entry is acknowledged
+and deleted only after its request's last event is written. A queue or group that vanished (deleted by
+hand, or a Redis that restarted empty) is made again. What was held across an outage is the ledger's
+(`worker.ledger`); the step's own reads and acks ride in the service's pipeline (`add_read`, `add_acks`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import redis
+from redis.client import Pipeline
+
+from loragate import contracts
+from loragate.messages import OutputEvent, QueuedRequest
+from loragate.types import Request
+from worker.engine import LLMEngine
+from worker.ledger import Held, Ledger, read_entries
+from worker.lora import AdapterError
+from worker.registry import AdapterRegistry
+from worker.service_outputs import add_event, already_streamed
+from worker.tracing_spans import RequestTimeline
+
+log = logging.getLogger("loragate.worker")
+
+
+class Intake:
+    def __init__(
+        self,
+        r: redis.Redis,
+        worker_id: str,
+        engine: LLMEngine,
+        registry: AdapterRegistry,
+        ledger: Ledger,
+        max_waiting: int,
+        traced: bool,
+    ):
+        self.redis, self.worker_id, self.queue = r, worker_id, contracts.queue(worker_id)
+        self.engine, self.registry, self.ledger = engine, registry, ledger
+        self.max_waiting = max_waiting
+        self.traced = traced  # keep a timeline of each request, for its spans
+
+    def create_group(self) -> bool:
+        """The queue and its consumer group (True if the group was missing). Made after the heartbeat: a
+        gateway's reaper deletes an empty queue whose worker has no heartbeat, and must not take ours for a
+        dead worker's."""
+        try:
+            self.redis.xgroup_create(self.queue, contracts.WORKER_GROUP, id="0", mkstream=True)
+            return True
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+            return False
+
+    def room(self) -> int:
+        """How many new requests to read: the engine queues no more than `max_waiting` unstarted ones."""
+        return self.max_waiting - self.engine.num_waiting
+
+    # -- reading ----------------------------------------------------------------------------------
+    def admit(self, pending: bool, block_ms: int = 0) -> None:
+        """Read queued requests: our own pending entries ("0", at every re-sync) or new ones (">", only as
+        many as there is room for). Pending ones are read whatever the room (the engine queues them): an
+        entry pending here but not held — read by a command whose reply was lost — has no other reader, and
+        a reaper never takes it from a live worker."""
+        if not pending and self.room() <= 0:
+            return
+        block = block_ms if block_ms > 0 and not pending else None  # BLOCK 0 would wait forever
+        try:
+            reply = self.redis.xreadgroup(
+                contracts.WORKER_GROUP,
+                self.worker_id,
+                {self.queue: "0" if pending else ">"},
+                count=None if pending else self.room(),
+                block=block,
+            )
+        except redis.ResponseError as e:
+            self._regroup(e)
+            return
+        self._start_entries(reply, pending=pending)
+
+    def add_read(self, pipe: Pipeline) -> bool:
+        """A non-blocking read of new entries as the last command of `pipe`, if there is room (True);
+        its reply goes to `take_read`."""
+        if self.room() <= 0:
+            return False
+        pipe.xreadgroup(
+            contracts.WORKER_GROUP, self.worker_id, {self.queue: ">"}, count=self.room(), block=None
+        )
+        return True
+
+    def take_read(self, reply: Any) -> None:
+        """Start what an `add_read` read (its reply may be the error of a queue that vanished)."""
+        if isinstance(reply, redis.ResponseError):
+            self._regroup(reply)
+        else:
+            self._start_entries(reply, pending=False)
+
+    def _regroup(self, error: redis.ResponseError) -> None:
+        """The queue or its group vanished (deleted by hand, or Redis restarted empty): make them again.
+        Redis 7 ends a blocked read of a deleted stream with "UNBLOCKED ... no longer exists"."""
+        if "NOGROUP" not in str(error) and "UNBLOCKED" not in str(error):
+            raise error
+        log.warning("queue %s had no consumer group; recreating it", self.queue)
+        self.create_group()
+
+    def _start_entries(self, reply: Any, pending: bool) -> None:
+        for entry_id, msg in read_entries(reply):
+            self.start(entry_id, msg, pending)
+
+    # -- starting ---------------------------------------------------------------------------------
+    def start(self, entry_id: str, msg: QueuedRequest, pending: bool) -> None:
+        """Start one queued request in the engine, held in the ledger (or fail it to its client), unless
+        it is already ours or already finished."""
+        held = self.ledger.held(msg.request_id, entry_id)
+        if held is not None:  # re-read after a reconnect: already ours
+            if held.finished:  # only its ack was lost (with a restarted Redis)
+                self.ack(entry_id)
+            return
+        streamed: list[int] = []
+        text = ""
+        done = False
+        if pending or msg.attempt > 0:  # only then can output already exist
+            streamed, text, done = already_streamed(self.redis, msg.request_id)
+        if done:  # finished before a crash, only the ack was lost
+            self.ack(entry_id)
+            return
+        # The output stream is the truth about what the client already has: continue right after it.
+        resumed = replace(msg, resume_token_ids=tuple(streamed))
+        try:
+            timeline = self._add(msg, resumed.resume_token_ids, text)
+        except (ValueError, AdapterError, TimeoutError) as e:
+            self._fail(entry_id, msg, 504 if isinstance(e, TimeoutError) else 400, str(e))
+            return
+        self.ledger.hold(Held(entry_id, resumed, timeline))
+
+    def _add(self, msg: QueuedRequest, resume: tuple[int, ...], text: str) -> RequestTimeline | None:
+        """Add the request to the engine (raising why it cannot run); its timeline if traced."""
+        timeline = RequestTimeline(msg) if self.traced else None
+        started = time.perf_counter()
+        if msg.deadline and time.time() > msg.deadline:
+            raise TimeoutError("the request's deadline passed while it was queued")
+        adapter = None
+        if msg.adapter is not None:
+            adapter = self.registry.ensure_registered(self.engine, msg.adapter)
+            if timeline is not None:
+                timeline.adapter_tier = self.engine.adapter_tier(adapter)
+        request = Request(
+            msg.request_id,
+            msg.prompt_token_ids,
+            msg.params,
+            adapter,
+            resume_token_ids=resume,
+            resume_text=text,
+        )
+        self.engine.add_request(request)
+        if timeline is not None and timeline.adapter_tier in ("host", "disk"):
+            timeline.adapter_load_s = time.perf_counter() - started
+        return timeline
+
+    def _fail(self, entry_id: str, msg: QueuedRequest, status: int, message: str) -> None:
+        kind = "timeout" if status == 504 else "invalid_request_error"
+        event = OutputEvent(
+            worker_id=self.worker_id, error={"message": message, "type": kind, "code": None, "status": status}
+        )
+        add_event(self.redis, msg.request_id, event)
+        self.ack(entry_id)
+
+    # -- acknowledging ----------------------------------------------------------------------------
+    def ack(self, entry_id: str) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        self.add_acks(pipe, [entry_id])
+        pipe.execute()
+
+    def add_acks(self, pipe: Pipeline, entry_ids: Iterable[str]) -> None:
+        """Acknowledge and delete entries whose requests' last events are written (earlier in `pipe`)."""
+        for entry_id in entry_ids:
+            pipe.xack(self.queue, contracts.WORKER_GROUP, entry_id)
+            pipe.xdel(self.queue, entry_id)
