@@ -245,8 +245,9 @@ def _supervise(
 
 def _stop(procs: dict[str, subprocess.Popen[bytes]], stops: StopRequests, grace_s: float = GRACE_S) -> None:
     """SIGTERM every child and wait while they drain; another stop signal (or the grace running out)
-    kills what is left at once, so no child outlives `loragate up`."""
-    asked = stops.count
+    kills what is left at once, so no child outlives `loragate up`. The stop was asked by one signal
+    (or by a child that exited: none); a second one that came before this started counts too."""
+    asked = min(stops.count, 1)
     for proc in procs.values():
         if proc.poll() is None:
             proc.terminate()
