@@ -31,18 +31,19 @@ def requestschemas(models: list[str]) -> dict[str, Any]:
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT32},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "top_k": {"type": "integer", "minimum": 0, "maximum": INT32},
+        "top_k": {"type": "integer", "minimum": -1, "maximum": INT32, "description": "0 or -1: off."},
         "seed": {"type": "integer", "minimum": SEED_MIN, "maximum": SEED_MAX},
         "stop": {
             "anyOf": [
                 {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+                {"type": "array", "items": {"type": "string", "minLength": 1}},
                 {"type": "null"},
             ]
         },
         "stream": {"type": "boolean"},
         "stream_options": {"anyOf": [obj({"include_usage": {"type": "boolean"}}), {"type": "null"}]},
-        "n": {"const": 1},
+        "n": {"enum": [1, None]},
+        "response_format": {"anyOf": [obj({"type": {"const": "text"}}, ["type"]), {"type": "null"}]},
         "presence_penalty": {"const": 0},
         "frequency_penalty": {"const": 0},
         "user": {"type": "string"},

@@ -1,7 +1,8 @@
 """OpenAI request parsing and response shapes for `/v1/completions` and `/v1/chat/completions`.
 
 Validation errors name the offending parameter (`param`) and say what is allowed. Unsupported features
-that would change results (n > 1, logprobs, penalties) are refused rather than silently ignored.
+that would change results (n > 1, logprobs, penalties, structured output, tools, insertion, audio) are
+refused rather than silently ignored. An explicit `null` means "not given", as OpenAI's clients send it.
 """
 
 from __future__ import annotations
@@ -51,9 +52,30 @@ def _bool(body: dict[str, Any], name: str) -> bool:
     return bool(value)
 
 
+# Fields that would change the result, refused unless absent, null or one of their neutral values.
+_REFUSED: dict[str, tuple[Any, ...]] = {
+    "response_format": ({"type": "text"},),  # json_object / json_schema: structured output
+    "tool_choice": ("none",),
+    "suffix": ("",),
+    "prediction": (),
+    "audio": (),
+    "modalities": (["text"],),
+    "web_search_options": (),
+}
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, neutral in _REFUSED.items():
+        value = body.get(name)
+        if value is not None and value not in neutral:
+            shown = value.get("type", value) if isinstance(value, dict) else value
+            raise bad_request(f"'{name}' {shown!r} is not supported by this server.", param=name)
+
+
 def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1):
         raise bad_request("Only n=1 is supported.", param="n")
+    _refuse_unsupported(body)
     for name in ("logprobs", "top_logprobs", "echo", "best_of", "logit_bias", "tools", "functions"):
         if body.get(name) not in (None, False, 0, 1 if name == "best_of" else None):
             raise bad_request(f"'{name}' is not supported by this server.", param=name)
@@ -69,10 +91,10 @@ def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
         stops: tuple[str, ...] = ()
     elif isinstance(stop, str):
         stops = (stop,)
-    elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
-        stops = tuple(stop)
+    elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
+        stops = tuple(stop)  # any number: the body size limit bounds them
     else:
-        raise bad_request("'stop' must be a string or a list of up to 4 non-empty strings.", param="stop")
+        raise bad_request("'stop' must be a string or a list of non-empty strings.", param="stop")
     if stop == "":
         raise bad_request("'stop' must not be empty.", param="stop")
     max_tokens = _int(body, "max_completion_tokens", 1, None) if chat else None
@@ -85,7 +107,7 @@ def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
     params = {
         "temperature": _number(body, "temperature", 0.0, 2.0, 1.0),
         "top_p": _number(body, "top_p", 1e-9, 1.0, 1.0),
-        "top_k": _int(body, "top_k", 0, 0),
+        "top_k": max(0, _int(body, "top_k", -1, 0) or 0),  # -1 (vLLM's "off") = 0
         "seed": seed,
         "stop": stops,
         "ignore_eos": _bool(body, "ignore_eos"),

@@ -50,10 +50,9 @@ PARSE_ERRORS = [
     pytest.param({"presence_penalty": 3}, True, "presence_penalty", "-2.0 and 2.0", id="penalty range"),
     pytest.param({"stream": "yes"}, False, "stream", "boolean", id="stream not a boolean"),
     pytest.param({"stream_options": [1]}, False, "stream_options", "object", id="stream_options a list"),
-    pytest.param({"stop": 3}, False, "stop", "up to 4", id="stop a number"),
-    pytest.param({"stop": ["a", "b", "c", "d", "e"]}, False, "stop", "up to 4", id="five stops"),
+    pytest.param({"stop": 3}, False, "stop", "list of non-empty strings", id="stop a number"),
     pytest.param({"stop": ["a", ""]}, False, "stop", "non-empty", id="an empty stop in a list"),
-    pytest.param({"stop": ["a", 1]}, False, "stop", "up to 4", id="a stop not a string"),
+    pytest.param({"stop": ["a", 1]}, False, "stop", "list of non-empty strings", id="a stop not a string"),
     pytest.param({"stop": ""}, False, "stop", "must not be empty", id="empty stop string"),
     pytest.param({"max_tokens": 0}, False, "max_tokens", "between 1 and", id="max_tokens zero"),
     pytest.param({"max_tokens": 1.5}, False, "max_tokens", "integer", id="max_tokens a float"),
@@ -72,7 +71,29 @@ PARSE_ERRORS = [
     pytest.param({"temperature": False}, False, "temperature", "number", id="temperature a boolean"),
     pytest.param({"top_p": 0}, False, "top_p", "between", id="top_p zero"),
     pytest.param({"top_p": 1.01}, False, "top_p", "between", id="top_p above 1"),
-    pytest.param({"top_k": -1}, False, "top_k", "integer between 0", id="top_k negative"),
+    pytest.param({"top_k": -2}, False, "top_k", "integer between -1", id="top_k below -1"),
+    pytest.param(
+        {"response_format": {"type": "json_object"}},
+        True,
+        "response_format",
+        "'json_object' is not",
+        id="json",
+    ),
+    pytest.param(
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+        True,
+        "response_format",
+        "'json_schema' is not supported",
+        id="json schema",
+    ),
+    pytest.param({"tool_choice": "auto"}, True, "tool_choice", "'auto' is not", id="tool_choice auto"),
+    pytest.param(
+        {"tool_choice": "required"}, True, "tool_choice", "not supported", id="tool_choice required"
+    ),
+    pytest.param({"suffix": "end"}, False, "suffix", "not supported", id="suffix (insertion)"),
+    pytest.param({"modalities": ["text", "audio"]}, True, "modalities", "not supported", id="audio out"),
+    pytest.param({"audio": {"voice": "x"}}, True, "audio", "not supported", id="audio"),
+    pytest.param({"prediction": {"type": "content"}}, True, "prediction", "not supported", id="prediction"),
     pytest.param({"ignore_eos": 1}, False, "ignore_eos", "boolean", id="ignore_eos not a boolean"),
 ]
 
@@ -89,6 +110,10 @@ def test_parse_common_refuses(body: dict[str, Any], chat: bool, param: str, word
         pytest.param({"logprobs": False, "echo": False, "best_of": 1, "n": 1}, id="neutral values"),
         pytest.param({"logprobs": 0, "top_logprobs": None, "tools": None}, id="zero and null"),
         pytest.param({"presence_penalty": 0, "frequency_penalty": 0.0}, id="zero penalties"),
+        pytest.param({"n": None, "stream": None, "stream_options": None, "stop": None}, id="nulls"),
+        pytest.param({"response_format": {"type": "text"}, "tool_choice": "none"}, id="text, no tools"),
+        pytest.param({"response_format": None, "tool_choice": None, "suffix": None}, id="null options"),
+        pytest.param({"suffix": "", "modalities": ["text"], "parallel_tool_calls": True}, id="neutral"),
     ],
 )
 def test_parse_common_accepts_neutral_values_of_unsupported_features(body: dict[str, Any]) -> None:
@@ -144,6 +169,7 @@ def test_parse_common_reads_every_field() -> None:
         pytest.param({"stop": "end"}, False, ("end",), id="one stop string"),
         pytest.param({"stop": None}, False, (), id="null stop"),
         pytest.param({"stop": []}, False, (), id="empty stop list"),
+        pytest.param({"stop": list("abcdefgh")}, False, tuple("abcdefgh"), id="more than four stops"),
     ],
 )
 def test_stop_forms(body: dict[str, Any], chat: bool, expected: tuple[str, ...]) -> None:
@@ -331,3 +357,8 @@ def test_usage_chunk(chat: bool, kind: str) -> None:
         "choices": [],
         "usage": {"total_tokens": 3},
     }
+
+
+@pytest.mark.parametrize(("top_k", "expected"), [(-1, 0), (0, 0), (None, 0), (5, 5)], ids=str)
+def test_top_k_minus_one_or_zero_is_off(top_k: int | None, expected: int) -> None:
+    assert parse_common({"model": "m", "top_k": top_k}, chat=False).params["top_k"] == expected
