@@ -173,6 +173,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         Route("/v1/models", bind(o, "models"), methods=["GET"]),
+        Route("/v1/models/{model}", bind(o, "model"), methods=["GET"]),
         Route("/v1/completions", bind(o, "completions"), methods=["POST"]),
         Route("/v1/chat/completions", bind(o, "chat_completions"), methods=["POST"]),
         Route("/admin/workers", bind(a, "workers"), methods=["GET"]),

@@ -61,7 +61,22 @@ class OpenAIRoutes:
             raise
 
     async def models(self, request: Request) -> Response:
-        tenant = await self.ctx.auth.tenant(request)
+        data = await self._models(await self.ctx.auth.tenant(request))
+        return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> Response:
+        """`GET /v1/models/{model}`: one model of the list, as this key sees it; else 404."""
+        data = await self._models(await self.ctx.auth.tenant(request))
+        wanted = request.path_params["model"]
+        found = next((m for m in data if m["id"] == wanted), None)
+        if found is None:
+            raise APIError(
+                404, f"The model '{wanted}' does not exist.", param="model", code="model_not_found"
+            )
+        return JSONResponse(found)
+
+    async def _models(self, tenant: str) -> list[dict[str, Any]]:
+        """`auto`, the base models served now, and the adapters `tenant` may use."""
         now = int(time.time())
         data: list[dict[str, Any]] = [{"id": AUTO, "object": "model", "created": now, "owned_by": "loragate"}]
         bases = self.ctx.fleet.models()
@@ -78,7 +93,7 @@ class OpenAIRoutes:
                         "root": rec.base,
                     }
                 )
-        return JSONResponse({"object": "list", "data": data})
+        return data
 
     # -- the request path: gateway.pipeline's stages, in order ----------------------------------
     async def _generate(self, request: Request, chat: bool) -> Response:

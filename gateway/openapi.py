@@ -106,6 +106,16 @@ def _api_paths() -> dict[str, Any]:
                 "apiKey",
             )
         },
+        "/v1/models/{model}": {
+            "get": _op(
+                "retrieveModel",
+                "One model (a base model, `auto`, or an adapter the key may use).",
+                {200: json_response(ref("Model"))},
+                {401, 404, 503},
+                "apiKey",
+                params=_path_params("model"),
+            )
+        },
         "/v1/completions": {
             "post": _op(
                 "createCompletion",

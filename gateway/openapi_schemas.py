@@ -133,6 +133,10 @@ def schemas(models: list[str]) -> dict[str, Any]:
         "Error": error,
         **requestschemas(models),
         "ModelList": obj({"object": {"const": "list"}, "data": {"type": "array"}}, ["object", "data"]),
+        "Model": obj(
+            {"id": {"type": "string"}, "object": {"const": "model"}, "owned_by": {"type": "string"}},
+            ["id", "object", "owned_by"],
+        ),
         "Health": obj(
             {
                 "status": {"enum": ["ok", "unavailable"]},
