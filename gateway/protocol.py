@@ -189,57 +189,25 @@ def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     }
 
 
-def completion_body(
-    rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]
+def body(
+    rid: str, model: str, chat: bool, choices: list[dict[str, Any]], use: dict[str, Any]
 ) -> dict[str, Any]:
+    """A whole (non-streamed) answer; `choices` from `gateway.choice_render.ChoiceRenderer.final`."""
+    kind = "chat.completion" if chat else "text_completion"
     return {
         "id": rid,
-        "object": "text_completion",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": choices,
         "usage": use,
     }
 
 
-def chat_body(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        ],
-        "usage": use,
-    }
-
-
-def completion_chunk(rid: str, model: str, created: int, text: str, finish: str | None) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-    }
-
-
-def chat_chunk(
-    rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
+def chunk(rid: str, model: str, created: int, chat: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """One SSE chunk; `choices` from `gateway.choice_render.ChoiceRenderer.feed`."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
 
 
 def usage_chunk(rid: str, model: str, created: int, chat: bool, use: dict[str, Any]) -> dict[str, Any]:

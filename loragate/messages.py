@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any, cast
 
 from loragate import contracts
-from loragate.types import SamplingParams
+from loragate.types import SamplingParams, TokenLogprob
 
 
 @cache
@@ -37,7 +37,19 @@ def _params_from(d: dict[str, Any]) -> SamplingParams:
     d = dict(d)
     d["stop"] = tuple(d.get("stop", ()))
     d["stop_token_ids"] = tuple(d.get("stop_token_ids", ()))
+    d["logit_bias"] = tuple((int(t), float(b)) for t, b in d.get("logit_bias", ()))
     return SamplingParams(**d)
+
+
+def logprobs_to_json(items: tuple[TokenLogprob, ...]) -> list[Any]:
+    """Compact: `[token_id, logprob, [[id, logprob], ...]]` per token."""
+    return [[t.token_id, t.logprob, [list(p) for p in t.top]] for t in items]
+
+
+def logprobs_from_json(raw: list[Any]) -> tuple[TokenLogprob, ...]:
+    return tuple(
+        TokenLogprob(int(i), float(lp), tuple((int(a), float(b)) for a, b in top)) for i, lp, top in raw
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,18 +102,28 @@ class OutputEvent:
     cached_tokens: int = 0
     worker_id: str = ""
     error: dict[str, Any] | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of `token_ids`, when asked for
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with the first event, when asked for (echo)
 
     @property
     def is_last(self) -> bool:
         return self.finish_reason is not None or self.error is not None
 
     def to_json(self) -> str:
-        return _dumps(shallow_dict(self))
+        d = shallow_dict(self)
+        for name in ("logprobs", "prompt_logprobs"):
+            if d[name]:
+                d[name] = logprobs_to_json(d[name])
+            else:
+                del d[name]  # most requests ask for none: keep their events small
+        return _dumps(d)
 
     @staticmethod
     def from_json(raw: str | bytes) -> OutputEvent:
         d = json.loads(raw)
         d["token_ids"] = tuple(d.get("token_ids", ()))
+        for name in ("logprobs", "prompt_logprobs"):
+            d[name] = logprobs_from_json(d.get(name, []))
         return OutputEvent(**d)
 
 

@@ -16,9 +16,27 @@ class FinishReason(StrEnum):
     ABORT = "abort"  # cancelled by the caller
 
 
+MAX_LOGPROBS = 20  # top log-probabilities per token, at most (OpenAI's chat limit)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to pick tokens. `temperature == 0` means greedy; `top_k == 0` and `top_p == 1` are off."""
+    """How to pick tokens. `temperature == 0` means greedy; `top_k == 0`, `top_p == 1`, `min_p == 0`,
+    penalties 0 (presence, frequency) or 1 (repetition) are off.
+
+    - `presence_penalty` / `frequency_penalty` (OpenAI's): subtracted from the logit of every token already
+      in the output, once / once per occurrence. `repetition_penalty` (CTRL's, as transformers and vLLM):
+      the logit of every token in the prompt or output is divided by it when positive, multiplied when not.
+    - `logit_bias`: (token id, bias) pairs added to the logits before sampling (OpenAI's, -100..100).
+    - `min_tokens`: EOS and `stop_token_ids` cannot be sampled before this many output tokens.
+    - `min_p`: drop tokens whose probability is below `min_p` times the top token's.
+    - `logprobs`: report the sampled token's log-probability and this many top alternatives (0..20) for
+      each output token; None = none. `prompt_logprobs`: the same for each prompt token (its first has
+      none), for `echo`; the prompt is then computed afresh (no prefix-cache hit), as its logits are needed.
+      Log-probabilities are the model's own (log-softmax of the raw logits, before temperature, penalties,
+      bias or a grammar), as vLLM reports them.
+    - `guide`: a structured-output constraint, `loragate.guides.Guide.to_json()`; "" = none.
+    """
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -28,6 +46,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    guide: str = ""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -40,10 +67,38 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not -2 <= self.presence_penalty <= 2 or not -2 <= self.frequency_penalty <= 2:
+            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if any(not -100 <= b <= 100 for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and not 0 <= n <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {n}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Any penalty on (they read the tokens seen so far)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability and the top alternatives at its position (most likely first)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +129,7 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for them
+    # Once, with the request's first output, when it asked for prompt logprobs: one per prompt token
+    # after the first (which has no context to be predicted from).
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()

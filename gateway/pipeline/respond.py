@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from gateway import protocol
+from gateway.choice_render import ChoiceRenderer
 from gateway.context import GatewayContext
 from gateway.errors import APIError
 from gateway.pipeline.admit import client_closed
@@ -92,14 +93,16 @@ async def collect(
     on_done: Callable[[OutputEvent], None],
     headers: dict[str, str],
 ) -> Response:
-    texts, event = [first.text], first
+    choice = ChoiceRenderer(answer.spec)
+    event = first
+    choice.feed(first)
     try:
         while not event.is_last:
             event = await reader.next(timeout_s)
             if event.error is not None:
                 err = event.error
                 raise APIError(int(err.get("status", 500)), str(err.get("message")), code=err.get("code"))
-            texts.append(event.text)
+            choice.feed(event)
     except (APIError, asyncio.CancelledError):
         await reader.cancel()
         raise
@@ -109,6 +112,5 @@ async def collect(
     reader.finish()
     on_done(event)
     use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
-    build = protocol.chat_body if answer.chat else protocol.completion_body
-    body = build(answer.request_id, answer.model, "".join(texts), event.finish_reason, use)
+    body = protocol.body(answer.request_id, answer.model, answer.chat, [choice.final()], use)
     return JSONResponse(body, headers=headers)

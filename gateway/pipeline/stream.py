@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import protocol
+from gateway.choice_render import ChoiceRenderer, RenderSpec
 from gateway.errors import APIError
 from gateway.pipeline.output import OutputReader
 from gateway.relay import ClientGone
@@ -26,27 +27,23 @@ class Answer:
     model: str
     chat: bool
     include_usage: bool = False
+    render: RenderSpec | None = None  # how its choices show (None: plain text)
+
+    @property
+    def spec(self) -> RenderSpec:
+        return self.render or RenderSpec(self.chat)
 
 
 def data(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def event_chunks(answer: Answer, created: int, event: OutputEvent) -> list[str]:
-    """The SSE chunks of one output event (none for an empty, not-last one)."""
+def event_chunks(answer: Answer, created: int, event: OutputEvent, choice: ChoiceRenderer) -> list[str]:
+    """The SSE chunks of one output event of `choice` (none for an empty, not-last one)."""
     rid, model = answer.request_id, answer.model
     if event.error is not None:
         return [data({"error": {k: v for k, v in event.error.items() if k != "status"}})]
-    parts: list[str] = []
-    if event.text or event.is_last:
-        finish = event.finish_reason
-        delta = {"content": event.text} if event.text else {}
-        chunk = (
-            protocol.chat_chunk(rid, model, created, delta, finish)
-            if answer.chat
-            else protocol.completion_chunk(rid, model, created, event.text, finish)
-        )
-        parts.append(data(chunk))
+    parts = [data(protocol.chunk(rid, model, created, answer.chat, [c])) for c in choice.feed(event)]
     if event.is_last and answer.include_usage:
         use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
         parts.append(data(protocol.usage_chunk(rid, model, created, answer.chat, use)))
@@ -64,12 +61,14 @@ async def sse(
     created = int(time.time())
     event, done = first, False
     parts: list[str] = []
+    choice = ChoiceRenderer(answer.spec)
     if answer.chat:
-        role = {"role": "assistant", "content": ""}
-        parts.append(data(protocol.chat_chunk(answer.request_id, answer.model, created, role, None)))
+        parts.append(
+            data(protocol.chunk(answer.request_id, answer.model, created, True, [choice.role_chunk()]))
+        )
     try:
         while True:
-            parts += event_chunks(answer, created, event)
+            parts += event_chunks(answer, created, event, choice)
             if event.error is not None or event.is_last:
                 break
             if parts and not len(reader.events):  # nothing more is ready: send before waiting

@@ -7,22 +7,22 @@ from typing import Any
 
 import pytest
 
+from gateway.choice_render import ChoiceRenderer, RenderSpec
 from gateway.errors import APIError
 from gateway.protocol import (
     SEED_MAX,
     SEED_MIN,
     ParsedRequest,
-    chat_body,
-    chat_chunk,
+    body,
     chat_messages,
-    completion_body,
-    completion_chunk,
+    chunk,
     completion_prompt,
     parse_common,
     sampling_params,
     usage,
     usage_chunk,
 )
+from loragate.messages import OutputEvent
 from loragate.types import SamplingParams
 
 
@@ -324,25 +324,32 @@ def test_usage_totals_and_cached_tokens() -> None:
 
 def test_bodies_and_chunks() -> None:
     use = usage(1, 2, 0)
-    body = completion_body("cmpl-1", "m", "hi", "stop", use)
-    assert body["object"] == "text_completion" and isinstance(body["created"], int)
-    assert body["choices"] == [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "stop"}]
-    assert body["usage"] == use and (body["id"], body["model"]) == ("cmpl-1", "m")
-    chat = chat_body("chat-1", "m", "hi", "length", use)
+    text = ChoiceRenderer(RenderSpec(chat=False))
+    text.feed(OutputEvent(text="hi", finish_reason="stop"))
+    out = body("cmpl-1", "m", False, [text.final()], use)
+    assert out["object"] == "text_completion" and isinstance(out["created"], int)
+    assert out["choices"] == [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "stop"}]
+    assert out["usage"] == use and (out["id"], out["model"]) == ("cmpl-1", "m")
+    reply = ChoiceRenderer(RenderSpec(chat=True))
+    reply.feed(OutputEvent(text="hi", finish_reason="length"))
+    chat = body("chat-1", "m", True, [reply.final()], use)
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
     assert chat["choices"][0]["finish_reason"] == "length"
-    assert completion_chunk("c", "m", 5, "t", None) == {
+    streamed = ChoiceRenderer(RenderSpec(chat=False))
+    assert chunk("c", "m", 5, False, streamed.feed(OutputEvent(text="t"))) == {
         "id": "c",
         "object": "text_completion",
         "created": 5,
         "model": "m",
         "choices": [{"index": 0, "text": "t", "logprobs": None, "finish_reason": None}],
     }
-    assert chat_chunk("c", "m", 5, {"content": "t"}, "stop")["choices"] == [
+    delta = ChoiceRenderer(RenderSpec(chat=True))
+    assert chunk("c", "m", 5, True, delta.feed(OutputEvent(text="t", finish_reason="stop")))["choices"] == [
         {"index": 0, "delta": {"content": "t"}, "logprobs": None, "finish_reason": "stop"}
     ]
-    assert chat_chunk("c", "m", 5, {}, None)["object"] == "chat.completion.chunk"
+    assert delta.feed(OutputEvent()) == []
+    assert chunk("c", "m", 5, True, [])["object"] == "chat.completion.chunk"
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gateway.choice_render import ChoiceRenderer, RenderSpec
 from gateway.pipeline.stream import Answer, event_chunks
 from loragate.messages import OutputEvent
 
@@ -39,18 +40,27 @@ def decoded(chunks: list[str]) -> list[dict[str, object]]:
     ],
 )
 def test_event_chunks(chat: bool, usage: bool, event: OutputEvent, expected: list[str]) -> None:
-    chunks = decoded(event_chunks(Answer("r-1", "tiny", chat, usage), 7, event))
+    chunks = decoded(
+        event_chunks(Answer("r-1", "tiny", chat, usage), 7, event, ChoiceRenderer(RenderSpec(chat)))
+    )
     assert [c.get("object", "error") for c in chunks] == expected
 
 
 def test_an_error_chunk_leaves_out_the_status() -> None:
     (chunk,) = decoded(
-        event_chunks(Answer("r", "m", True), 0, OutputEvent(error={"status": 503, "code": "x"}))
+        event_chunks(
+            Answer("r", "m", True),
+            0,
+            OutputEvent(error={"status": 503, "code": "x"}),
+            ChoiceRenderer(RenderSpec(True)),
+        )
     )
     assert chunk == {"error": {"code": "x"}}
 
 
 def test_the_usage_chunk_counts_the_tokens() -> None:
-    text, usage = decoded(event_chunks(Answer("r", "m", False, True), 0, OutputEvent(**LAST)))
+    text, usage = decoded(
+        event_chunks(Answer("r", "m", False, True), 0, OutputEvent(**LAST), ChoiceRenderer(RenderSpec(False)))
+    )
     assert text["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]
     assert usage["usage"]["completion_tokens"] == 2  # type: ignore[index]
