@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway import protocol
+from gateway.choice_render import RenderSpec
 from gateway.context import GatewayContext
 from gateway.errors import bad_request
 from gateway.pipeline.parse import Call
 from gateway.pipeline.resolve import Resolved
+from gateway.tokenize import ModelTokenizer
 from loragate.tracing import span
 from loragate.types import SamplingParams
 
@@ -61,3 +63,8 @@ def completion_budget(prompt_tokens: int, asked: int | None, limit: int, chat: b
             code="context_length_exceeded",
         )
     return max_tokens
+
+
+def render_spec(call: Call, tok: ModelTokenizer, prompt: Prompt) -> RenderSpec:
+    """How the choices of `prompt` show (the endpoint's shape; logprobs, tool calls and echo as asked)."""
+    return RenderSpec(call.chat)
