@@ -9,7 +9,9 @@ tenant of the key that sent them (`request_store`): another tenant's id names an
 that supplies `X-Request-Id` and retries after a dropped connection gets the same generation relayed
 again from the start, instead of a second generation, whether the request still waits in a queue, runs,
 or has finished. A client that goes away cancels its request: dropped from its queue if no worker has
-read it yet, else aborted on the worker (`gateway.pipeline.output`).
+read it yet, else aborted on the worker (`gateway.pipeline.output`). A request of several choices (`n`,
+a list of prompts) runs one job per choice (`gateway.pipeline.choices`, `gateway.pipeline.fanout`); one
+of a single choice takes the path below, unchanged.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from gateway.context import GatewayContext
 from gateway.errors import APIError, queue_unavailable
 from gateway.model_catalog import AUTO
 from gateway.pipeline.admit import admit
+from gateway.pipeline.choices import choices_per_prompt, plan_choices, prompt_items
 from gateway.pipeline.enqueue import attach, enqueue
+from gateway.pipeline.fanout import ChoiceSet
 from gateway.pipeline.finish import Finish, nothing_to_finish
 from gateway.pipeline.job import make_job
-from gateway.pipeline.parse import parse
-from gateway.pipeline.prompt import tokenize
-from gateway.pipeline.resolve import resolve
-from gateway.pipeline.respond import respond
+from gateway.pipeline.parse import Call, parse
+from gateway.pipeline.prompt import render_spec, tokenize
+from gateway.pipeline.resolve import Resolved, resolve
+from gateway.pipeline.respond import respond, respond_choices
 from gateway.pipeline.route import route, route_input
 from gateway.pipeline.stream import Answer
 
@@ -99,7 +103,10 @@ class OpenAIRoutes:
     async def _generate(self, request: Request, chat: bool) -> Response:
         ctx, started = self.ctx, time.monotonic()
         call = await parse(ctx, request, chat)
+        items, n = prompt_items(call), choices_per_prompt(call)
         resolved = await resolve(ctx, call)
+        if len(items) * n > 1:
+            return await self._choices(request, call, resolved, items, n, started)
         target, prompt = resolved.target, tokenize(ctx, call, resolved)
         job = make_job(ctx, request, call, resolved, prompt)
         headers = {"x-request-id": job.request_id}
@@ -115,6 +122,25 @@ class OpenAIRoutes:
             done = Finish(ctx, call, job.request_id, target, decision, charge, started)
             if reader.reservation is None:  # attached to a copy queued first: that handler accounts for it
                 done = nothing_to_finish
-        named = target.model_id if call.parsed.model != AUTO and resolved.alias is None else target.base
-        answer = Answer(job.request_id, named, chat, call.parsed.include_usage)
+        spec = render_spec(call, ctx.tokenizers.get(resolved.worker_state.model_dir), prompt)
+        answer = Answer(job.request_id, self._named(call, resolved), chat, call.parsed.include_usage, spec)
         return await respond(ctx, request, answer, call.parsed.stream, reader, done, headers)
+
+    async def _choices(
+        self, request: Request, call: Call, resolved: Resolved, items: list[Any], n: int, started: float
+    ) -> Response:
+        """Several choices: one job per choice, answered together."""
+        plans = plan_choices(self.ctx, request, call, resolved, items, n)
+        request_id = plans[0].job.request_id
+        headers = {"x-request-id": request_id}
+        if resolved.alias is not None:
+            headers["x-loragate-model"] = f"{resolved.alias.model}; difficulty {resolved.alias.score:.2f}"
+        choices = ChoiceSet(self.ctx, request, call, resolved, plans, started)
+        answer = Answer(request_id, self._named(call, resolved), call.chat, call.parsed.include_usage)
+        return await respond_choices(self.ctx, request, answer, call.parsed.stream, choices, headers)
+
+    @staticmethod
+    def _named(call: Call, resolved: Resolved) -> str:
+        """The model the answer names: the one asked, or the base an alias chose."""
+        target = resolved.target
+        return target.model_id if call.parsed.model != AUTO and resolved.alias is None else target.base

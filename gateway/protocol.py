@@ -15,6 +15,8 @@ from gateway.errors import bad_request
 from loragate.types import SamplingParams
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_N = 128  # choices per prompt
+MAX_PROMPTS = 256  # prompts in one completions request
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
-    if body.get("n") not in (None, 1):
-        raise bad_request("Only n=1 is supported.", param="n")
+    _int(body, "n", 1, 1, MAX_N)  # choices per prompt (`gateway.pipeline.choices`)
     _refuse_unsupported(body)
     for name in ("logprobs", "top_logprobs", "echo", "best_of", "logit_bias", "tools", "functions"):
         if body.get(name) not in (None, False, 0, 1 if name == "best_of" else None):
@@ -158,8 +159,27 @@ def _text_part(part: object, where: str) -> str:
     return text
 
 
+def completion_prompts(body: dict[str, Any]) -> list[Any]:
+    """The prompts of a completions request, each as `completion_prompt` reads one: a list of two or more
+    strings or token-id lists is a batch (one prompt per item); anything else is one prompt."""
+    prompt = body.get("prompt")
+    if not (isinstance(prompt, list) and len(prompt) > 1 and all(_one_prompt(p) for p in prompt)):
+        return [prompt]
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"'prompt' may hold at most {MAX_PROMPTS} prompts.", param="prompt")
+    return prompt
+
+
+def _one_prompt(item: object) -> bool:
+    """A batch item: a string, or a list of token ids (checked by `completion_prompt`)."""
+    return isinstance(item, str) or (
+        isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+    )
+
+
 def completion_prompt(body: dict[str, Any], vocab_size: int) -> tuple[str | None, list[int] | None]:
-    """The prompt as text, or as token ids (a list of ints, or a list holding one such list)."""
+    """One prompt as text, or as token ids (a list of ints, or a list holding one such list); a batch is
+    split first (`completion_prompts`)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
@@ -176,7 +196,7 @@ def completion_prompt(body: dict[str, Any], vocab_size: int) -> tuple[str | None
             raise bad_request(f"Token ids in 'prompt' must be in [0, {vocab_size}).", param="prompt")
         return None, list(prompt)
     raise bad_request(
-        "'prompt' must be a string or a list of token ids (batches are not supported).", param="prompt"
+        "'prompt' must be a string or a list of token ids (or a list of such prompts).", param="prompt"
     )
 
 

@@ -1,14 +1,20 @@
 """Stage job: the request's identity and the message a worker will run. The client's id (its
 `X-Request-Id`, or one made here) names, inside loragate, the tenant-scoped request
-(`contracts.scoped_request_id`); its record in Redis (`gateway.request_store`) lets a retry attach."""
+(`contracts.scoped_request_id`); its record in Redis (`gateway.request_store`) lets a retry attach.
+
+A request of several choices (`n`, or a list of prompts) is one job per choice (`choice_job`): all answer
+under the client's id, and each runs as its own scoped request, `{scoped id}~{index}` (`~` never occurs in
+a client id, so no client id names a choice) — choice 0 keeps the scoped id itself, so a retry that asks
+for a different number of choices than the first try finds choice 0 asked differently (409)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 
@@ -23,6 +29,7 @@ from loragate.messages import QueuedRequest
 from loragate.tracing import inject
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
+CHOICE_SEP = "~"  # between a scoped request id and a choice's index: never in a client's id
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,15 @@ def make_job(ctx: GatewayContext, request: Request, call: Call, resolved: Resolv
     ttl = int(ctx.settings.request_timeout_s) + contracts.REQUEST_RECORD_GRACE_S
     given = "x-request-id" in request.headers
     return Job(rid, given, message, fingerprint(message), RequestStore(ctx.redis, ttl))
+
+
+def choice_job(job: Job, index: int, choices: int, prompt: Prompt) -> Job:
+    """Choice `index` of `choices` of `job`'s request, asking `prompt` (its own tokens and sampling). Its
+    fingerprint names its place among the choices, so a retry must ask for the same choices."""
+    qid = job.qid if index == 0 else f"{job.qid}{CHOICE_SEP}{index}"
+    message = replace(job.message, request_id=qid, prompt_token_ids=prompt.token_ids, params=prompt.params)
+    place = f"{fingerprint(message)}:{index}/{choices}"
+    return replace(job, message=message, fingerprint=hashlib.sha256(place.encode()).hexdigest()[:32])
 
 
 def request_id(headers: Mapping[str, str], chat: bool) -> str:

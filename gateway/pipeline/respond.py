@@ -1,13 +1,16 @@
 """Stage respond: wait for the request's first output event (so an error the worker finds still gets a
 proper status), then answer: an SSE stream, or one JSON body collected from every event. From the
 moment it is enqueued a client that goes away cancels its request, even while it still waits in a
-queue; `finish` and `cancel` end this handler's part on every path."""
+queue; `finish` and `cancel` end this handler's part on every path. A request of several choices
+(`respond_choices`) answers the same way once every prompt's first choice has its first event, with its
+choices in index order (or, streamed, interleaved as they come: `gateway.pipeline.stream`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,8 +21,9 @@ from gateway.choice_render import ChoiceRenderer
 from gateway.context import GatewayContext
 from gateway.errors import APIError
 from gateway.pipeline.admit import client_closed
+from gateway.pipeline.fanout import ChoiceSet, worker_error
 from gateway.pipeline.output import OutputReader
-from gateway.pipeline.stream import Answer, sse
+from gateway.pipeline.stream import Answer, sse, sse_choices
 from gateway.relay import ClientGone, EventChannel
 from gateway.sse import EventStreamResponse
 from loragate.messages import OutputEvent
@@ -57,8 +61,12 @@ async def respond(
         watcher.cancel()
 
 
-async def watch(receive: Receive, events: EventChannel) -> None:
-    """Tell the request's channel when its client disconnects (ASGI `http.disconnect`)."""
+class Watched(Protocol):
+    def client_gone(self) -> None: ...
+
+
+async def watch(receive: Receive, events: EventChannel | Watched) -> None:
+    """Tell the request's channel (or its choices) when its client disconnects (ASGI `http.disconnect`)."""
     while (await receive())["type"] != "http.disconnect":
         pass
     events.client_gone()
@@ -113,4 +121,55 @@ async def collect(
     on_done(event)
     use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
     body = protocol.body(answer.request_id, answer.model, answer.chat, [choice.final()], use)
+    return JSONResponse(body, headers=headers)
+
+
+async def respond_choices(
+    ctx: GatewayContext,
+    request: Request,
+    answer: Answer,
+    stream: bool,
+    choices: ChoiceSet,
+    headers: dict[str, str],
+) -> Response:
+    """`respond` for a request of several choices (started here)."""
+    choices.start()
+    watcher = asyncio.ensure_future(watch(request.receive, choices))
+    try:
+        first = await choices.opened()
+        headers["x-loragate-worker"] = first.worker_id
+        if choices.decision_id is not None:
+            headers["x-loragate-decision"] = choices.decision_id
+        if stream:
+            return EventStreamResponse(sse_choices(answer, choices, watcher), headers)
+    except BaseException:
+        watcher.cancel()
+        await choices.close()
+        raise
+    try:
+        return await collect_choices(answer, choices, headers)
+    finally:
+        watcher.cancel()
+
+
+async def collect_choices(answer: Answer, choices: ChoiceSet, headers: dict[str, str]) -> Response:
+    """One JSON body of every choice, in index order; any choice's failure fails it (the others are
+    cancelled)."""
+    renderers, last = choices.renderers(), {}
+    try:
+        while choices.left:
+            index, event = await choices.next()
+            if event.error is not None:
+                raise worker_error(event.error, 500)
+            renderers[index].feed(event)
+            if event.is_last:
+                last[index] = event
+    except ClientGone:
+        await choices.close()
+        raise client_closed() from None
+    except BaseException:
+        await choices.close()
+        raise
+    use = choices.usage(last)
+    body = protocol.body(answer.request_id, answer.model, answer.chat, [r.final() for r in renderers], use)
     return JSONResponse(body, headers=headers)

@@ -1,6 +1,11 @@
 """The streaming answer: the request's output events as OpenAI SSE chunks. Everything ready goes out in
 one write: the events already relayed, and with the last one the usage chunk and `[DONE]`. A client
-that goes away (or a stream that fails) cancels the request, freeing the worker's sequence."""
+that goes away (or a stream that fails) cancels the request, freeing the worker's sequence.
+
+Several choices (`sse_choices`): a chat stream opens with the assistant role of every index, then each
+choice's chunks (one choice each, with its index) go out as they come, interleaved; after the last
+choice's finish chunk, one usage chunk (if asked) and one `[DONE]`. A choice that fails ends the stream
+with an error chunk, and the others are cancelled."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Any
 from gateway import protocol
 from gateway.choice_render import ChoiceRenderer, RenderSpec
 from gateway.errors import APIError
+from gateway.pipeline.fanout import ChoiceSet
 from gateway.pipeline.output import OutputReader
 from gateway.relay import ClientGone
 from loragate.messages import OutputEvent
@@ -38,11 +44,16 @@ def data(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
+def error_chunk(error: dict[str, Any]) -> str:
+    """A worker's error as a stream's last chunk (its HTTP status is no part of it)."""
+    return data({"error": {k: v for k, v in error.items() if k != "status"}})
+
+
 def event_chunks(answer: Answer, created: int, event: OutputEvent, choice: ChoiceRenderer) -> list[str]:
     """The SSE chunks of one output event of `choice` (none for an empty, not-last one)."""
     rid, model = answer.request_id, answer.model
     if event.error is not None:
-        return [data({"error": {k: v for k, v in event.error.items() if k != "status"}})]
+        return [error_chunk(event.error)]
     parts = [data(protocol.chunk(rid, model, created, answer.chat, [c])) for c in choice.feed(event)]
     if event.is_last and answer.include_usage:
         use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
@@ -92,3 +103,39 @@ async def sse(
             reader.finish()
         else:  # the client went away (or the stream failed): free the worker's sequence
             await reader.cancel()
+
+
+async def sse_choices(
+    answer: Answer, choices: ChoiceSet, watcher: asyncio.Future[None]
+) -> AsyncIterator[str]:
+    rid, model, chat, created = answer.request_id, answer.model, answer.chat, int(time.time())
+    renderers, last = choices.renderers(), {}
+    roles = [r.role_chunk() for r in renderers] if chat else []
+    parts = [data(protocol.chunk(rid, model, created, True, [role])) for role in roles]
+    try:
+        while choices.left:
+            try:
+                index, event = await choices.next()
+            except APIError as e:
+                parts.append(data(e.body()))
+                break
+            except ClientGone:
+                return
+            if event.error is not None:
+                parts.append(error_chunk(event.error))
+                break
+            for choice in renderers[index].feed(event):
+                parts.append(data(protocol.chunk(rid, model, created, chat, [choice])))
+            if event.is_last:
+                last[index] = event
+            if parts and choices.left and not choices.ready():  # nothing more is ready: send before waiting
+                yield "".join(parts)
+                parts = []
+        else:
+            if answer.include_usage:
+                parts.append(data(protocol.usage_chunk(rid, model, created, chat, choices.usage(last))))
+        parts.append("data: [DONE]\n\n")
+        yield "".join(parts)
+    finally:
+        watcher.cancel()
+        await choices.close()  # every choice not ended (a failure, a client gone) is cancelled

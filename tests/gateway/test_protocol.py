@@ -17,6 +17,7 @@ from gateway.protocol import (
     chat_messages,
     chunk,
     completion_prompt,
+    completion_prompts,
     parse_common,
     sampling_params,
     usage,
@@ -35,8 +36,10 @@ def _refused(call: Any, *args: Any) -> APIError:
 
 # (body, chat, param named, words in the message)
 PARSE_ERRORS = [
-    pytest.param({"n": 2}, False, "n", "Only n=1", id="n above 1"),
-    pytest.param({"n": 0}, False, "n", "Only n=1", id="n zero"),
+    pytest.param({"n": 129}, False, "n", "between 1 and 128", id="n above 128"),
+    pytest.param({"n": 0}, False, "n", "between 1 and 128", id="n zero"),
+    pytest.param({"n": 2.5}, False, "n", "integer", id="n a float"),
+    pytest.param({"n": True}, True, "n", "integer", id="n a boolean"),
     pytest.param({"logprobs": True}, True, "logprobs", "not supported", id="logprobs"),
     pytest.param({"logprobs": 2}, False, "logprobs", "not supported", id="logprobs count"),
     pytest.param({"top_logprobs": 3}, True, "top_logprobs", "not supported", id="top_logprobs"),
@@ -280,8 +283,8 @@ PROMPT_ERRORS = [
     pytest.param({"prompt": ""}, "must not be empty", id="empty string"),
     pytest.param({"prompt": [""]}, "must not be empty", id="one empty string in a list"),
     pytest.param({"prompt": []}, "string or a list of token ids", id="empty list"),
-    pytest.param({"prompt": ["a", "b"]}, "batches are not supported", id="a batch of strings"),
-    pytest.param({"prompt": [[1], [2]]}, "batches are not supported", id="a batch of token lists"),
+    pytest.param({"prompt": ["a", "b"]}, "or a list of such prompts", id="a batch is split first"),
+    pytest.param({"prompt": [["a", "b"]]}, "string or a list of token ids", id="a batch in a list"),
     pytest.param({"prompt": [1, "a"]}, "string or a list of token ids", id="mixed list"),
     pytest.param({"prompt": [1, True]}, "string or a list of token ids", id="a boolean token"),
     pytest.param({"prompt": [[]]}, "string or a list of token ids", id="one empty token list"),
@@ -308,6 +311,29 @@ def test_completion_prompt_refuses(body: dict[str, Any], words: str) -> None:
 )
 def test_completion_prompt_forms(prompt: object, expected: tuple[str | None, list[int] | None]) -> None:
     assert completion_prompt({"prompt": prompt}, 100) == expected
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        pytest.param("a", ["a"], id="text: one prompt"),
+        pytest.param([1, 2], [[1, 2]], id="token ids: one prompt"),
+        pytest.param(["a"], [["a"]], id="a one-item list: one prompt"),
+        pytest.param(["a", "b"], ["a", "b"], id="strings"),
+        pytest.param([[1], [2, 3]], [[1], [2, 3]], id="token lists"),
+        pytest.param(["a", [1]], ["a", [1]], id="both"),
+        pytest.param([1, "a"], [[1, "a"]], id="not a batch: refused as one prompt"),
+        pytest.param([["a"], "b"], [[["a"], "b"]], id="a nested batch: refused as one prompt"),
+    ],
+)
+def test_completion_prompts_split_a_batch(prompt: object, expected: list[object]) -> None:
+    assert completion_prompts({"prompt": prompt}) == expected
+
+
+def test_completion_prompts_are_bounded() -> None:
+    assert len(completion_prompts({"prompt": ["a"] * 256})) == 256
+    error = _refused(completion_prompts, {"prompt": ["a"] * 257})
+    assert error.param == "prompt" and "at most 256" in error.message
 
 
 # --- response shapes -------------------------------------------------------------------------------------
