@@ -33,18 +33,21 @@ TENANT = "alice"
 WORKERS = ("w-a", "w-b")
 
 
-def worker_state(worker_id: str) -> WorkerState:
+def worker_state(worker_id: str, model_dir: str = "/m") -> WorkerState:
+    """`model_dir`: where the gateway reads the tokenizer (a real model's folder, for stages that need it)."""
     return WorkerState(
-        worker_id, BASE, "/m", 2048, kv_blocks_free=100, kv_blocks_total=100, updated_at=time.time()
+        worker_id, BASE, model_dir, 2048, kv_blocks_free=100, kv_blocks_total=100, updated_at=time.time()
     )
 
 
 @asynccontextmanager
-async def live_context(redis_url: str, workers: tuple[str, ...] = WORKERS) -> AsyncIterator[GatewayContext]:
+async def live_context(
+    redis_url: str, workers: tuple[str, ...] = WORKERS, model_dir: str = "/m"
+) -> AsyncIterator[GatewayContext]:
     r = aioredis.Redis.from_url(redis_url, socket_timeout=5)
     try:
         for w in workers:
-            await r.set(contracts.worker_state(w), worker_state(w).to_json(), ex=60)
+            await r.set(contracts.worker_state(w), worker_state(w, model_dir).to_json(), ex=60)
             await r.xgroup_create(contracts.queue(w), contracts.WORKER_GROUP, id="0", mkstream=True)
     finally:
         await r.aclose()
@@ -53,9 +56,9 @@ async def live_context(redis_url: str, workers: tuple[str, ...] = WORKERS) -> As
         yield ctx
 
 
-def run(redis_url: str, body: Callable[[GatewayContext], Awaitable[None]]) -> None:
+def run(redis_url: str, body: Callable[[GatewayContext], Awaitable[None]], model_dir: str = "/m") -> None:
     async def main() -> None:
-        async with live_context(redis_url) as ctx:
+        async with live_context(redis_url, model_dir=model_dir) as ctx:
             await asyncio.wait_for(body(ctx), 15)
 
     asyncio.run(main())
