@@ -73,7 +73,8 @@ async def until_queued(ctx: GatewayContext, count: int) -> dict[str, QueuedReque
         assert time.monotonic() < deadline, f"{len(found)} of {count} queued"
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)  # and no more
-    assert len(found := await queued(ctx)) == count
+    found = await queued(ctx)
+    assert len(found) == count
     return found
 
 
