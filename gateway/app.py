@@ -39,6 +39,7 @@ from gateway.relay import OutputMux
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.tokenize import TokenizerStore
+from gateway.tokenize_api import TokenizeRoutes
 from loragate.redis_retry import is_outage
 from loragate.redis_url import connect_async
 from loragate.tracing import make_provider
@@ -167,7 +168,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(ctx().metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    o, a, p = OpenAIRoutes, AdminRoutes, PolicyRoutes
+    o, a, p, t = OpenAIRoutes, AdminRoutes, PolicyRoutes, TokenizeRoutes
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -176,6 +177,8 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
         Route("/v1/models/{model}", bind(o, "model"), methods=["GET"]),
         Route("/v1/completions", bind(o, "completions"), methods=["POST"]),
         Route("/v1/chat/completions", bind(o, "chat_completions"), methods=["POST"]),
+        Route("/tokenize", bind(t, "tokenize"), methods=["POST"]),
+        Route("/detokenize", bind(t, "detokenize"), methods=["POST"]),
         Route("/admin/workers", bind(a, "workers"), methods=["GET"]),
         Route("/admin/adapters", bind(a, "list_adapters"), methods=["GET"]),
         Route("/admin/adapters/{base}/{name}", bind(a, "put_adapter"), methods=["PUT"]),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gateway.openapi_schemas import NAME, json_response, obj, ref, schemas
+from gateway.openapi_schemas import NAME, choices_schemas, json_response, obj, ref, schemas
 
 _ERRORS = {
     400: "Invalid request: `param` names the offending field.",
@@ -130,6 +130,26 @@ def _api_paths() -> dict[str, Any]:
                 gen_errors,
                 "apiKey",
                 body={"application/json": {"schema": ref("CompletionRequest")}},
+            )
+        },
+        "/tokenize": {
+            "post": _op(
+                "tokenize",
+                "vLLM's tokenize: the token ids of a prompt (or of chat messages) for a model.",
+                {200: json_response(ref("Tokenized"))},
+                {401, 404, 503},
+                "apiKey",
+                body={"application/json": {"schema": ref("TokenizeRequest")}},
+            )
+        },
+        "/detokenize": {
+            "post": _op(
+                "detokenize",
+                "vLLM's detokenize: the text of token ids for a model.",
+                {200: json_response(ref("Detokenized"))},
+                {401, 404, 503},
+                "apiKey",
+                body={"application/json": {"schema": ref("DetokenizeRequest")}},
             )
         },
         "/v1/chat/completions": {
@@ -300,7 +320,7 @@ def document(models: Iterable[str] = ()) -> dict[str, Any]:
         },
         "paths": _paths(),
         "components": {
-            "schemas": schemas(sorted(models)),
+            "schemas": choices_schemas(schemas(sorted(models))),
             "responses": responses,
             "securitySchemes": {
                 "apiKey": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},

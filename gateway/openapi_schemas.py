@@ -165,3 +165,64 @@ def schemas(models: list[str]) -> dict[str, Any]:
         "Rollback": obj({"version": {"type": "integer"}}, ["version"]),
         "AnyObject": {"type": "object"},
     }
+
+
+# -- Several choices (`n`, a list of prompts) and vLLM's /tokenize, /detokenize ----------------------------
+# A separate block (issue 14): `choices_schemas` amends what `schemas` made.
+
+
+def choices_schemas(found: dict[str, Any]) -> dict[str, Any]:
+    """`found` (from `schemas`) with `n` and a completion's list of prompts as the handlers accept them,
+    and the bodies of `/tokenize` and `/detokenize`."""
+    from gateway.protocol import MAX_N, MAX_PROMPTS  # here, to keep this block apart
+
+    n = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_N}, {"type": "null"}]}
+    tokens = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    one = [{"type": "string", "minLength": 1}, tokens]
+    prompt = {
+        "anyOf": [*one, {"type": "array", "items": {"anyOf": one}, "minItems": 1, "maxItems": MAX_PROMPTS}]
+    }
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        found[name]["properties"]["n"] = n
+    found["CompletionRequest"]["properties"]["prompt"] = prompt
+    message = found["ChatCompletionRequest"]["properties"]["messages"]
+    flag = {"type": "boolean"}
+    model = found["CompletionRequest"]["properties"]["model"]
+    found["TokenizeRequest"] = {
+        "anyOf": [
+            obj(
+                {
+                    "model": model,
+                    "prompt": {"type": "string"},
+                    "add_special_tokens": flag,
+                    "return_token_strs": flag,
+                },
+                ["model", "prompt"],
+            ),
+            obj(
+                {
+                    "model": model,
+                    "messages": message,
+                    "add_generation_prompt": flag,
+                    "add_special_tokens": flag,
+                    "return_token_strs": flag,
+                },
+                ["model", "messages"],
+            ),
+        ]
+    }
+    found["Tokenized"] = obj(
+        {
+            "count": {"type": "integer"},
+            "max_model_len": {"type": "integer"},
+            "tokens": {"type": "array", "items": {"type": "integer"}},
+            "token_strs": {"type": ["array", "null"], "items": {"type": "string"}},
+        },
+        ["count", "max_model_len", "tokens"],
+    )
+    found["DetokenizeRequest"] = obj(
+        {"model": model, "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+        ["model", "tokens"],
+    )
+    found["Detokenized"] = obj({"prompt": {"type": "string"}}, ["prompt"])
+    return found
