@@ -155,7 +155,7 @@ async def respond_choices(
 async def collect_choices(answer: Answer, choices: ChoiceSet, headers: dict[str, str]) -> Response:
     """One JSON body of every choice, in index order; any choice's failure fails it (the others are
     cancelled)."""
-    renderers, last = choices.renderers(), {}
+    renderers, last = choices.renderers(), dict[int, OutputEvent]()
     try:
         while choices.left:
             index, event = await choices.next()

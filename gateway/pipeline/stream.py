@@ -108,8 +108,9 @@ async def sse(
 async def sse_choices(
     answer: Answer, choices: ChoiceSet, watcher: asyncio.Future[None]
 ) -> AsyncIterator[str]:
+    """The SSE chunks of several choices, as they come (see the module's docstring)."""
     rid, model, chat, created = answer.request_id, answer.model, answer.chat, int(time.time())
-    renderers, last = choices.renderers(), {}
+    renderers, last = choices.renderers(), dict[int, OutputEvent]()
     roles = [r.role_chunk() for r in renderers] if chat else []
     parts = [data(protocol.chunk(rid, model, created, True, [role])) for role in roles]
     try:

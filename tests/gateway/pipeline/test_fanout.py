@@ -27,7 +27,7 @@ from gateway.pipeline.stream import Answer
 from gateway.sse import EventStreamResponse
 from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest
-from tests.gateway.pipeline.live_context import BASE, WORKERS, call, put, resolved, run
+from tests.gateway.pipeline.live_context import BASE, WORKERS, call, live_context, put, resolved, run
 from worker.modelzoo.make import ZooPaths
 
 RID = "req-fanout-01"
@@ -275,3 +275,38 @@ def test_a_retry_reattaches_to_every_choice(redis_url: str, zoo: ZooPaths) -> No
         assert e.value.status == 409 and outstanding(ctx) == 0
 
     live(zoo, redis_url, body)
+
+
+def test_a_choice_stopped_while_it_waits_for_admission_is_cancelled_once_queued(
+    redis_url: str, zoo: ZooPaths
+) -> None:
+    """The second prompt's choice waits for its fair turn when the first fails: its start is not cut
+    short (admission and enqueueing account for what they did), and what it queued is cancelled."""
+
+    async def main() -> None:
+        async with live_context(redis_url, ("w-a",), str(zoo.base("tiny"))) as ctx:
+            ctx.admission.per_worker = 1  # room for one request: the second waits
+            plans, response = start(ctx, Client(), prompt=["first prompt", "second prompt"])
+            await until_queued(ctx, 1)
+            assert ctx.admission.waiting(BASE) == 1
+            await put(ctx.redis, plans[0].job.qid, OutputEvent(error={"message": "bad adapter"}))
+            with pytest.raises(APIError) as e:
+                await response
+            assert e.value.status == 400
+            second = contracts.output(plans[1].job.qid)
+            deadline = time.monotonic() + 5
+            while not await ctx.redis.exists(second):  # queued once its turn came, then cancelled
+                assert time.monotonic() < deadline, await queued(ctx)
+                await asyncio.sleep(0.01)
+            events = [
+                OutputEvent.from_json(f[contracts.OUTPUT_FIELD_BYTES])
+                for _, f in await ctx.redis.xrange(second)
+            ]
+            assert [e.finish_reason for e in events] == ["abort"]  # dropped from its queue unread
+            assert list(await queued(ctx)) == [
+                plans[0].job.qid
+            ]  # (the first's entry is its worker's to delete)
+            assert ctx.admission.waiting(BASE) == 0
+            assert ctx.router.state.queued_tokens == {}
+
+    asyncio.run(asyncio.wait_for(main(), 15))
