@@ -216,6 +216,29 @@ def test_a_later_failure_fails_the_answer_and_cancels_the_others(redis_url: str,
     live(zoo, redis_url, body)
 
 
+def test_a_later_failure_in_a_stream_is_an_error_chunk_and_cancels_the_others(
+    redis_url: str, zoo: ZooPaths
+) -> None:
+    async def body(ctx: GatewayContext) -> None:
+        plans, response = start(ctx, Client(), stream=True, n=2)
+        await until_queued(ctx, 1)
+        await put(ctx.redis, plans[0].job.qid, token("a"))
+        await until_queued(ctx, 2)
+        await put(
+            ctx.redis, plans[1].job.qid, OutputEvent(error={"status": 500, "message": "boom", "code": "x"})
+        )
+        got = await response
+        assert isinstance(got, EventStreamResponse)
+        events = [e.removeprefix("data: ") for e in "".join([p async for p in got.chunks]).split("\n\n") if e]
+        assert events[-1] == "[DONE]" and json.loads(events[-2]) == {
+            "error": {"message": "boom", "code": "x"}
+        }
+        assert not any("usage" in json.loads(e) for e in events[:-1])
+        assert plans[0].job.qid not in await queued(ctx) and outstanding(ctx) == 0  # choice 0 cancelled
+
+    live(zoo, redis_url, body)
+
+
 def test_a_first_choice_failing_first_keeps_its_status_and_starts_no_sibling(
     redis_url: str, zoo: ZooPaths
 ) -> None:
