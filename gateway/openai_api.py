@@ -108,6 +108,7 @@ class OpenAIRoutes:
         if len(items) * n > 1:
             return await self._choices(request, call, resolved, items, n, started)
         target, prompt = resolved.target, tokenize(ctx, call, resolved)
+        spec = render_spec(call, ctx.tokenizers.get(resolved.worker_state.model_dir), prompt)
         job = make_job(ctx, request, call, resolved, prompt)
         headers = {"x-request-id": job.request_id}
         if await job.is_retry(ctx):  # a retry of a request we already have: relay it again (from the start)
@@ -122,7 +123,6 @@ class OpenAIRoutes:
             done = Finish(ctx, call, job.request_id, target, decision, charge, started)
             if reader.reservation is None:  # attached to a copy queued first: that handler accounts for it
                 done = nothing_to_finish
-        spec = render_spec(call, ctx.tokenizers.get(resolved.worker_state.model_dir), prompt)
         answer = Answer(job.request_id, self._named(call, resolved), chat, call.parsed.include_usage, spec)
         return await respond(ctx, request, answer, call.parsed.stream, reader, done, headers)
 
