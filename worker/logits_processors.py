@@ -13,8 +13,8 @@ taken after), before temperature and the top-k / top-p / min-p filters (`worker.
    counting occurrences in the output only.
 
 "Output" includes a resumed request's earlier tokens (`Sequence.output_token_ids`). The work is vectorized
-over the rows that need it: their (row, token) pairs go to the device in one copy per dtype, and the
-counts are built there by one scatter; nothing is read back.
+over the rows that need it and touches only the (row, token) pairs concerned, never whole rows: the pairs
+go to the device in one copy per dtype, and nothing is read back.
 """
 
 from __future__ import annotations
@@ -54,51 +54,50 @@ class _Pairs:
 
 
 def process_logits(logits: torch.Tensor, seqs: list[Sequence], eos_ids: tuple[int, ...]) -> torch.Tensor:
-    """logits: [N, V], one row per sequence of `seqs`. Returns them processed as float32 — the same tensor
-    when no row needs it (the raw logits are never changed in place)."""
+    """logits: [N, V], one row per sequence of `seqs`. Returns them processed as a float32 copy — or the
+    same tensor when no row needs processing (the raw logits are never changed: logprobs read them)."""
     rows = [i for i, s in enumerate(seqs) if needs_processing(s, eos_ids)]
     if not rows:
         return logits
-    device = str(logits.device)
-    bias, masked, output, prompt = _Pairs(), _Pairs(), _Pairs(), _Pairs()
+    bias, masked, seen, output = _Pairs(), _Pairs(), _Pairs(), _Pairs()
     bias_values: list[float] = []
-    for j, i in enumerate(rows):
+    for i in rows:
         seq = seqs[i]
         p = seq.request.params
-        bias.add(j, [t for t, _ in p.logit_bias])
+        bias.add(i, [t for t, _ in p.logit_bias])
         bias_values.extend(b for _, b in p.logit_bias)
-        masked.add(j, min_tokens_mask(seq, eos_ids))
-        if p.penalized:
-            output.add(j, seq.output_token_ids)
+        masked.add(i, min_tokens_mask(seq, eos_ids))
         if p.repetition_penalty != 1.0:
-            prompt.add(j, seq.token_ids[: seq.num_prompt_tokens])
-    parts = [rows, *(x for pairs in (bias, masked, output, prompt) for x in (pairs.rows, pairs.tokens))]
-    index, b_rows, b_toks, m_rows, m_toks, o_rows, o_toks, p_rows, p_toks = pack_int64(parts, device)
-    params = [seqs[i].request.params for i in rows]
+            seen.add(i, seq.token_ids)  # prompt and output
+        if p.presence_penalty or p.frequency_penalty:
+            output.add(i, seq.output_token_ids)
+    device = str(logits.device)
+    parts = [x for pairs in (bias, masked, seen, output) for x in (pairs.rows, pairs.tokens)]
+    b_rows, b_toks, m_rows, m_toks, s_rows, s_toks, o_rows, o_toks = pack_int64(parts, device)
+    params = [s.request.params for s in seqs]
     floats = host_to_device(
         [
             *bias_values,
             *(p.repetition_penalty for p in params),
-            *(p.frequency_penalty for p in params),
             *(p.presence_penalty for p in params),
+            *(p.frequency_penalty for p in params),
         ],
         torch.float32,
         device,
     )
-    b_vals, repetition, frequency, presence = floats.split([len(bias_values), *[len(rows)] * 3])
-    sub = logits.index_select(0, index).float()
+    b_vals, repetition, presence, frequency = floats.split([len(bias_values), *[len(seqs)] * 3])
+    out = logits.to(torch.float32, copy=True)
     if bias_values:
-        sub.index_put_((b_rows, b_toks), b_vals, accumulate=True)
+        out.index_put_((b_rows, b_toks), b_vals, accumulate=True)
     if masked.rows:
-        sub.index_put_((m_rows, m_toks), torch.tensor(float("-inf"), device=sub.device))
-    if output.rows or prompt.rows:
-        counts = torch.zeros_like(sub)
-        counts.index_put_((o_rows, o_toks), torch.ones_like(o_rows, dtype=sub.dtype), accumulate=True)
-        seen = counts > 0
-        if prompt.rows:
-            seen_any = seen.clone()
-            seen_any[p_rows, p_toks] = True
-            r = repetition[:, None]
-            sub = torch.where(seen_any, torch.where(sub > 0, sub / r, sub * r), sub)
-        sub = sub - frequency[:, None] * counts - presence[:, None] * seen
-    return logits.float().index_copy(0, index, sub)
+        out.index_put_((m_rows, m_toks), out.new_full((), float("-inf")))  # a fill, not a copy
+    # Penalties touch only the (row, token) pairs seen, never a whole row. A token seen several times
+    # appears several times: each copy computes the same value from the same old one, so writing them all
+    # applies the repetition and presence penalties once; the frequency penalty accumulates per copy.
+    if seen.rows:
+        v, r = out[s_rows, s_toks], repetition[s_rows]
+        out[s_rows, s_toks] = torch.where(v > 0, v / r, v * r)
+    if output.rows:
+        out[o_rows, o_toks] = out[o_rows, o_toks] - presence[o_rows]
+        out.index_put_((o_rows, o_toks), -frequency[o_rows], accumulate=True)
+    return out
