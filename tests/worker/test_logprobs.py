@@ -18,9 +18,12 @@ import torch
 from peft import PeftModel
 
 from loragate.types import Request, RequestOutput, SamplingParams, TokenLogprob
+from worker.batch import build_forward_batch
+from worker.block_manager import BlockManager
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
 from worker.modelzoo.make import ZooPaths
+from worker.sequence import Sequence
 
 TOL = 1e-4
 
@@ -165,3 +168,53 @@ def test_resumed_request_gets_no_prompt_logprobs_again(zoo: ZooPaths) -> None:
     for again, before in zip(resumed, full[1:], strict=True):  # a prefill now, decodes before
         (lp,), (expected,) = again.logprobs, before.logprobs
         assert lp.token_id == expected.token_id and lp.logprob == pytest.approx(expected.logprob, abs=TOL)
+
+
+# -- where prompt rows come from: the batch layout and the prefix cache ------------------------------
+def echo_seq(n: int, next_logit: int, computed: int, output: int = 0) -> Sequence:
+    s = Sequence.from_request(Request("e", tuple(range(10, 10 + n)), SamplingParams(prompt_logprobs=1)))
+    s.token_ids.extend([1] * output)
+    s.next_prompt_logit, s.num_computed_tokens = next_logit, computed
+    s.block_table = list(range(8))
+    return s
+
+
+@pytest.mark.parametrize(
+    ("s", "n", "rows", "samples"),
+    [
+        (echo_seq(20, 0, 0), 8, [(0, 8)], False),  # a first chunk: all its positions
+        (echo_seq(20, 8, 8), 12, [(8, 19)], True),  # the last chunk: its last row samples instead
+        (echo_seq(20, 12, 4), 12, [(12, 16)], False),  # recomputed after a preemption: no row twice
+        (echo_seq(20, 19, 20, output=1), 1, [], True),  # decoding: all prompt logprobs are had
+        (echo_seq(1, 0, 0), 1, [], True),  # a one-token prompt has no prompt logprob
+    ],
+    ids=["first-chunk", "last-chunk", "recompute", "decode", "one-token"],
+)
+def test_prompt_rows_cover_each_wanted_position_once(
+    s: Sequence, n: int, rows: list[tuple[int, int]], samples: bool
+) -> None:
+    other = echo_seq(30, 29, 30, output=1)  # a decode of another request comes first in the layout
+    batch, _, sampled = build_forward_batch([(s, n), (other, 1)], 16, "cpu")
+    got = [(r.first, r.first + r.count) for r in batch.prompt_rows]
+    assert got == rows
+    assert (s in sampled) == samples
+    # Logits rows: sampled ones first, then the prompt rows, each the token at its position.
+    indices = batch.logits_indices.tolist()
+    assert len(indices) == len(sampled) + sum(r.count for r in batch.prompt_rows)
+    for r in batch.prompt_rows:
+        positions = batch.positions[indices[r.row : r.row + r.count]].tolist()
+        assert positions == list(range(r.first, r.first + r.count))
+
+
+def test_prefix_hits_stop_where_prompt_logits_are_still_wanted() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    cached = Sequence.from_request(Request("c", tuple(range(10, 30))))
+    bm.append_slots(cached, 20)
+    cached.num_computed_tokens = 20
+    bm.commit(cached)
+    for next_logit, hit in ((0, 0), (9, 8), (19, 16)):
+        s = echo_seq(20, next_logit, 0)
+        s.block_table = []
+        bm.allocate_prefix(s)
+        assert s.num_cached_tokens == hit, next_logit
+        bm.free_seq(s)
