@@ -82,8 +82,9 @@ def request_output(
     """What one step reports about a request: its new tokens and text (with their logprobs, if asked),
     where it stands, and with its first output its prompt logprobs (if asked)."""
     seq = t.seq
-    prompt_logprobs = () if t.prompt_logprobs_sent else tuple(t.prompt_logprobs)
-    t.prompt_logprobs_sent = True
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    if not t.prompt_logprobs_sent and not seq.wants_prompt_logits:  # never a partial list (an abort)
+        prompt_logprobs, t.prompt_logprobs_sent = tuple(t.prompt_logprobs), True
     return RequestOutput(
         request_id=seq.request_id,
         new_token_ids=tuple(new_ids),

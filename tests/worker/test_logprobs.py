@@ -218,3 +218,13 @@ def test_prefix_hits_stop_where_prompt_logits_are_still_wanted() -> None:
         bm.allocate_prefix(s)
         assert s.num_cached_tokens == hit, next_logit
         bm.free_seq(s)
+
+
+def test_a_request_aborted_mid_prefill_sends_no_partial_prompt_logprobs(zoo: ZooPaths) -> None:
+    engine = engine_for(zoo, max_num_batched_tokens=16)
+    engine.add_request(Request("a", tuple(range(10, 60)), SamplingParams(prompt_logprobs=2)))
+    assert engine.step() == []  # the first chunk of 16
+    assert engine.requests["a"].prompt_logprobs  # some are computed...
+    engine.abort("a")
+    [out] = engine.step()
+    assert out.finished and out.prompt_logprobs == ()  # ...but a partial list never goes out
