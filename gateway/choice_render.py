@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.logprobs_shape import Entry, TokenText, chat_logprobs, completion_logprobs
-from gateway.tool_calls import ParsedCall, Piece, ToolCallParser
+from gateway.tool_calls import ParsedCall, ToolCallParser
 from loragate.messages import OutputEvent
 
 
@@ -119,7 +119,7 @@ class ChoiceRenderer:
             return []
         return [Entry(self.spec.echo_first, None, None)] + [Entry.of(lp) for lp in event.prompt_logprobs]
 
-    def _pieces(self, text: str, last: bool) -> list[Piece]:
+    def _pieces(self, text: str, last: bool) -> list[str | ToolCall]:
         if self._parser is None:
             return [text] if text else []
         pieces = self._parser.feed(text) + (self._parser.close() if last else [])

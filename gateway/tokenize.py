@@ -92,6 +92,17 @@ def _byte_map() -> dict[str, int]:
 _BYTE_OF = _byte_map()
 
 
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' `tojson`: keys in their order, no HTML escaping (Jinja's own sorts and escapes)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def load_tokenizer(model_dir: Path) -> ModelTokenizer:
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     config: dict[str, Any] = {}
@@ -106,6 +117,7 @@ def load_tokenizer(model_dir: Path) -> ModelTokenizer:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
     special = {
         name: value if isinstance(value, str) else value.get("content", "")
         for name in ("bos_token", "eos_token", "pad_token", "unk_token")
