@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gateway.chat_input import chat_messages
 from gateway.choice_render import ChoiceRenderer, RenderSpec
 from gateway.errors import APIError
 from gateway.protocol import (
@@ -14,7 +15,6 @@ from gateway.protocol import (
     SEED_MIN,
     ParsedRequest,
     body,
-    chat_messages,
     chunk,
     completion_prompt,
     parse_common,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from gateway.chat_input import chat_messages
 from gateway.errors import APIError
-from gateway.protocol import chat_messages
 from gateway.tokenize import load_tokenizer
 from gateway.tool_calls import ParsedCall, ToolCallParser, parse_output
 from gateway.tools import ToolRequest, parse_tools, prompt_messages
