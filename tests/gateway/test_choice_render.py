@@ -167,9 +167,9 @@ def text_events(text: str, sizes: list[int], finish: str = "stop") -> list[Outpu
     return out
 
 
-def accumulate(chunks: list[dict[str, Any]]) -> Any:
-    """What the official client's stream helper makes of the chunks."""
-    state = ChatCompletionStreamState()
+def accumulate(chunks: list[dict[str, Any]]) -> tuple[Any, list[str]]:
+    """What the official client's stream helper makes of the chunks: the choice, the events' kinds."""
+    state, kinds = ChatCompletionStreamState(), []
     role = {
         "index": 0,
         "delta": {"role": "assistant", "content": ""},
@@ -177,8 +177,11 @@ def accumulate(chunks: list[dict[str, Any]]) -> Any:
         "finish_reason": None,
     }
     for c in [role, *chunks]:
-        state.handle_chunk(ChatCompletionChunk.model_validate(chunk("chatcmpl-1", "m", 1, True, [c])))
-    return state.get_final_completion().choices[0]
+        events = state.handle_chunk(
+            ChatCompletionChunk.model_validate(chunk("chatcmpl-1", "m", 1, True, [c]))
+        )
+        kinds += [type(e).__name__ for e in events]
+    return state.get_final_completion().choices[0], kinds
 
 
 def test_tool_calls_in_the_whole_message() -> None:
@@ -209,7 +212,8 @@ def test_streamed_tool_calls_read_back_as_the_whole_answer(seed: int) -> None:
     assert [set(d) for d in deltas] == [{"index", "id", "type", "function"}, {"index", "function"}] * 2
     assert [d["index"] for d in deltas] == [0, 0, 1, 1]
     assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
-    got = accumulate(chunks)
+    got, kinds = accumulate(chunks)
+    assert kinds.count("FunctionToolCallArgumentsDoneEvent") == 2, kinds
     assert got.finish_reason == "tool_calls" == final["finish_reason"]
     assert got.message.content == final["message"]["content"] == "Checking."
     assert [(c.function.name, c.function.arguments) for c in got.message.tool_calls] == [
