@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.chat_input import chat_messages as chat_messages  # re-exported: callers read it here
 from gateway.errors import bad_request
 from gateway.structured import request_guide
 from gateway.tools import ToolRequest, parse_tools
