@@ -30,9 +30,7 @@ from worker.sequence import Sequence
 
 def needs_processing(seq: Sequence, eos_ids: tuple[int, ...]) -> bool:
     p = seq.request.params
-    # A guided row gets a copy too: its grammar mask is applied in place afterwards, and must never reach
-    # the raw logits that logprobs are read from.
-    return bool(p.penalized or p.logit_bias or p.guide or min_tokens_mask(seq, eos_ids))
+    return bool(p.penalized or p.logit_bias or min_tokens_mask(seq, eos_ids))
 
 
 def min_tokens_mask(seq: Sequence, eos_ids: tuple[int, ...]) -> tuple[int, ...]:

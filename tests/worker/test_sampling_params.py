@@ -109,13 +109,6 @@ def test_processor_matches_hand_computed_logits(s: Sequence, expected: list[floa
     assert torch.equal(raw, before)  # the raw logits (logprobs read them) are never changed
 
 
-def test_a_guided_row_gets_a_copy_to_mask_in_place() -> None:
-    raw = torch.tensor([LOGITS])
-    out = process_logits(raw, [seq((1,), guide='{"kind": "regex", "value": "a"}')], EOS)
-    assert out.data_ptr() != raw.data_ptr() and torch.equal(out, raw)
-    assert process_logits(raw, [seq((1,))], EOS) is raw  # unguided, unprocessed rows: no copy
-
-
 def test_processors_batched_equal_each_row_alone() -> None:
     seqs = [c[1] for c in CASES]
     rng = torch.Generator().manual_seed(0)
