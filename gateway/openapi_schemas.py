@@ -43,20 +43,53 @@ def requestschemas(models: list[str]) -> dict[str, Any]:
         "stream": {"type": "boolean"},
         "stream_options": {"anyOf": [obj({"include_usage": {"type": "boolean"}}), {"type": "null"}]},
         "n": {"enum": [1, None]},
-        "response_format": {"anyOf": [obj({"type": {"const": "text"}}, ["type"]), {"type": "null"}]},
-        "presence_penalty": {"const": 0},
-        "frequency_penalty": {"const": 0},
+        "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+        "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
         "user": {"type": "string"},
         "ignore_eos": {"type": "boolean", "description": "Not OpenAI's: generate past the end token."},
+        **sampling_extras(),
+        **structured_outputs(),
+    }
+    chat_only = {
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "description": "Needs logprobs."},
+        **tool_parameters(),
+    }
+    completion_only = {
+        "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
+        "echo": {
+            "type": "boolean",
+            "description": "The prompt first (with logprobs: its log-probabilities).",
+        },
     }
     tokens = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
     text_part = obj({"type": {"const": "text"}, "text": {"type": "string"}}, ["type", "text"])
+    call = obj(
+        {
+            "id": {"type": "string"},
+            "type": {"const": "function"},
+            "function": obj(
+                {"name": {"type": "string"}, "arguments": {"type": "string"}}, ["name", "arguments"]
+            ),
+        },
+        ["function"],
+    )
     message = obj(
         {
-            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
+            "content": {
+                "anyOf": [{"type": "string"}, {"type": "array", "items": text_part}, {"type": "null"}]
+            },
+            "tool_calls": {
+                "type": "array",
+                "items": call,
+                "description": "Assistant: then content may be null.",
+            },
+            "tool_call_id": {"type": "string"},
+            "name": {"type": "string"},
         },
-        ["role", "content"],
+        ["role"],
+        description="content is required, except on an assistant message with tool_calls.",
     )
     prompt = {
         "anyOf": [
@@ -72,10 +105,11 @@ def requestschemas(models: list[str]) -> dict[str, Any]:
     )
     choice = {"type": "object", "required": ["index", "finish_reason"]}
     return {
-        "CompletionRequest": obj({**common, "prompt": prompt}, ["model", "prompt"]),
+        "CompletionRequest": obj({**common, **completion_only, "prompt": prompt}, ["model", "prompt"]),
         "ChatCompletionRequest": obj(
             {
                 **common,
+                **chat_only,
                 "messages": {"type": "array", "items": message, "minItems": 1},
                 "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": INT32},
             },
@@ -101,6 +135,93 @@ def requestschemas(models: list[str]) -> dict[str, Any]:
             },
             ["id", "object", "model", "choices"],
         ),
+    }
+
+
+def sampling_extras() -> dict[str, Any]:
+    """Sampling beyond OpenAI's basics (vLLM's names); token ids must also be below the vocabulary size."""
+    token_id = {"type": "integer", "minimum": 0, "maximum": INT32}
+    return {
+        "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9},
+        "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "min_tokens": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": INT32,
+            "description": "At most max_tokens.",
+        },
+        "logit_bias": {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        },
+        "stop_token_ids": {"type": "array", "items": token_id},
+    }
+
+
+def structured_outputs() -> dict[str, Any]:
+    """`response_format` and vLLM's guided_* / structured_outputs: at most one of them per request."""
+    schema = {"type": "object", "description": "A JSON Schema."}
+    text = {"type": "string", "minLength": 1}
+    choice = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+    json_schema = obj(
+        {
+            "name": {"type": "string"},
+            "schema": schema,
+            "strict": {"type": "boolean"},
+            "description": {"type": "string"},
+        }
+    )
+    fmt = {
+        "anyOf": [
+            obj({"type": {"enum": ["text", "json_object"]}}, ["type"]),
+            obj({"type": {"const": "json_schema"}, "json_schema": json_schema}, ["type", "json_schema"]),
+            {"type": "null"},
+        ]
+    }
+    return {
+        "response_format": fmt,
+        "guided_json": {"anyOf": [schema, {"type": "string"}], "description": "vLLM's: a JSON Schema."},
+        "guided_regex": {**text, "description": "vLLM's: the whole output matches it."},
+        "guided_choice": {**choice, "description": "vLLM's: the output is one of them."},
+        "guided_grammar": {**text, "description": "vLLM's: an EBNF grammar (xgrammar's dialect)."},
+        "structured_outputs": obj(
+            {
+                "json": schema,
+                "regex": text,
+                "choice": choice,
+                "grammar": text,
+                "json_object": {"type": "boolean"},
+            },
+            description="vLLM's newer form of guided_*: one key.",
+        ),
+    }
+
+
+def tool_parameters() -> dict[str, Any]:
+    function = obj(
+        {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+            "description": {"type": "string"},
+            "parameters": {"type": "object", "description": "A JSON Schema."},
+            "strict": {"type": "boolean"},
+        },
+        ["name"],
+    )
+    named = obj(
+        {"type": {"const": "function"}, "function": obj({"name": {"type": "string"}}, ["name"])},
+        ["type", "function"],
+    )
+    return {
+        "tools": {
+            "type": "array",
+            "items": obj({"type": {"const": "function"}, "function": function}, ["type", "function"]),
+        },
+        "tool_choice": {
+            "anyOf": [{"enum": ["none", "auto", "required"]}, named, {"type": "null"}],
+            "description": "required or a named function needs tools (and the name among them).",
+        },
+        "parallel_tool_calls": {"type": "boolean"},
     }
 
 

@@ -1,8 +1,10 @@
 """OpenAI request parsing and response shapes for `/v1/completions` and `/v1/chat/completions`.
 
 Validation errors name the offending parameter (`param`) and say what is allowed. Unsupported features
-that would change results (n > 1, logprobs, penalties, structured output, tools, insertion, audio) are
-refused rather than silently ignored. An explicit `null` means "not given", as OpenAI's clients send it.
+that would change results (insertion, predicted outputs, audio, best_of, legacy `functions`) are refused
+rather than silently ignored. An explicit `null` means "not given", as OpenAI's clients send it.
+Structured outputs are read by `gateway.structured`, tools by `gateway.tools`; the parameters and their
+ranges are listed in docs/API.md.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.chat_input import chat_messages as chat_messages  # re-exported: callers read it here
 from gateway.errors import bad_request
-from loragate.types import SamplingParams
+from gateway.structured import request_guide
+from gateway.tools import ToolRequest, parse_tools
+from loragate.guides import Guide
+from loragate.types import MAX_LOGPROBS, SamplingParams
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_N = 128  # choices per prompt
@@ -27,6 +33,8 @@ class ParsedRequest:
     max_tokens: int | None
     params: dict[str, Any]  # SamplingParams fields except max_tokens
     user: str | None
+    tools: ToolRequest | None = None  # chat: the tools offered and the tool choice
+    echo: bool = False  # completions: the prompt shown before the completion
 
 
 def _number(body: dict[str, Any], name: str, lo: float, hi: float, default: float) -> float:
@@ -56,13 +64,14 @@ def _bool(body: dict[str, Any], name: str) -> bool:
 
 # Fields that would change the result, refused unless absent, null or one of their neutral values.
 _REFUSED: dict[str, tuple[Any, ...]] = {
-    "response_format": ({"type": "text"},),  # json_object / json_schema: structured output
-    "tool_choice": ("none",),
-    "suffix": ("",),
+    "suffix": ("",),  # insertion
     "prediction": (),
     "audio": (),
     "modalities": (["text"],),
     "web_search_options": (),
+    "best_of": (1,),
+    "functions": ([],),  # the legacy form of tools: use `tools`
+    "function_call": ("none",),
 }
 
 
@@ -71,18 +80,13 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         value = body.get(name)
         if value is not None and value not in neutral:
             shown = value.get("type", value) if isinstance(value, dict) else value
+            shown = shown if isinstance(shown, str | int) else type(shown).__name__
             raise bad_request(f"'{name}' {shown!r} is not supported by this server.", param=name)
 
 
 def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
     _int(body, "n", 1, 1, MAX_N)  # choices per prompt (`gateway.pipeline.choices`)
     _refuse_unsupported(body)
-    for name in ("logprobs", "top_logprobs", "echo", "best_of", "logit_bias", "tools", "functions"):
-        if body.get(name) not in (None, False, 0, 1 if name == "best_of" else None):
-            raise bad_request(f"'{name}' is not supported by this server.", param=name)
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, -2.0, 2.0, 0.0) != 0.0:
-            raise bad_request(f"'{name}' is not supported by this server (use 0).", param=name)
     stream = _bool(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -112,10 +116,90 @@ def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
         "seed": seed,
         "stop": stops,
         "ignore_eos": _bool(body, "ignore_eos"),
+        **sampling_extras(body),
+        **logprob_params(body, chat),
     }
+    tools = parse_tools(body, chat)
+    guide = structured_guide(body, tools)
+    if guide is not None:
+        params["guide"] = guide.to_json()
+    echo = _bool(body, "echo")
+    if echo and chat:
+        raise bad_request("'echo' is for /v1/completions.", param="echo")
     return ParsedRequest(
-        body.get("model"), stream, bool(options.get("include_usage")), max_tokens, params, user
+        body.get("model"), stream, bool(options.get("include_usage")), max_tokens, params, user, tools, echo
     )
+
+
+def sampling_extras(body: dict[str, Any]) -> dict[str, Any]:
+    """Penalties, bias, min_tokens, min_p and stop token ids: only those given (a default is not sent).
+    Token ids are checked against the vocabulary later, where the tokenizer is known."""
+    out: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) is not None:
+            out[name] = _number(body, name, -2.0, 2.0, 0.0)
+    rep = body.get("repetition_penalty")
+    if rep is not None:
+        if isinstance(rep, bool) or not isinstance(rep, int | float) or not 0 < rep <= 1e9:
+            raise bad_request("'repetition_penalty' must be a number above 0.", param="repetition_penalty")
+        out["repetition_penalty"] = float(rep)
+    if body.get("min_p") is not None:
+        out["min_p"] = _number(body, "min_p", 0.0, 1.0, 0.0)
+    if body.get("min_tokens") is not None:
+        out["min_tokens"] = _int(body, "min_tokens", 0, 0)
+    bias = body.get("logit_bias")
+    if bias is not None:
+        out["logit_bias"] = _logit_bias(bias)
+    ids = body.get("stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t < 2**31 for t in ids):
+            raise bad_request("'stop_token_ids' must be a list of token ids.", param="stop_token_ids")
+        out["stop_token_ids"] = tuple(ids)
+    return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    if not isinstance(bias, dict):
+        raise bad_request("'logit_bias' must be an object of token ids to numbers.", param="logit_bias")
+    out = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 10):
+            raise bad_request(f"'logit_bias' key {key[:20]!r} is not a token id.", param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise bad_request("'logit_bias' values must be numbers between -100 and 100.", param="logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(sorted(out))
+
+
+def logprob_params(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """`logprobs` / `prompt_logprobs` of SamplingParams. Chat: `logprobs` (bool) and `top_logprobs`
+    (0..20, only with logprobs, as OpenAI); completions: `logprobs` (0..5), with `echo` also the prompt's."""
+    if chat:
+        on = _bool(body, "logprobs")
+        top = _int(body, "top_logprobs", 0, None, MAX_LOGPROBS)
+        if top is not None and not on:
+            raise bad_request("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+        return {"logprobs": top or 0} if on else {}
+    count = _int(body, "logprobs", 0, None, 5)
+    if count is None:
+        return {}
+    echo = _bool(body, "echo")
+    return {"logprobs": count, "prompt_logprobs": count} if echo else {"logprobs": count}
+
+
+def structured_guide(body: dict[str, Any], tools: ToolRequest | None) -> Guide | None:
+    """The one constraint on the output: a structured-output request or a forced tool call."""
+    asked = request_guide(body)
+    forced = tools.guide() if tools is not None else None
+    if asked is not None and forced is not None:
+        raise bad_request(
+            f"A forced tool call ('tool_choice') cannot be combined with '{asked[0]}'.", param="tool_choice"
+        )
+    return forced or (asked[1] if asked else None)
 
 
 def sampling_params(parsed: ParsedRequest, max_tokens: int) -> SamplingParams:
@@ -123,40 +207,6 @@ def sampling_params(parsed: ParsedRequest, max_tokens: int) -> SamplingParams:
         return SamplingParams(max_tokens=max_tokens, **parsed.params)
     except ValueError as e:
         raise bad_request(str(e)) from e
-
-
-def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list.", param="messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in (
-            "system",
-            "developer",
-            "user",
-            "assistant",
-            "tool",
-        ):
-            raise bad_request(
-                f"messages[{i}] needs a role of system, user, assistant or tool.", param=f"messages[{i}].role"
-            )
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text ones
-            content = "".join(_text_part(p, f"messages[{i}].content[{j}]") for j, p in enumerate(content))
-        if not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string.", param=f"messages[{i}].content")
-        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-    return out
-
-
-def _text_part(part: object, where: str) -> str:
-    if not isinstance(part, dict) or part.get("type") != "text":
-        raise bad_request(f"{where}: only text content parts are supported.", param=where)
-    text = part.get("text")
-    if not isinstance(text, str):
-        raise bad_request(f"{where}.text must be a string.", param=f"{where}.text")
-    return text
 
 
 def completion_prompts(body: dict[str, Any]) -> list[Any]:

@@ -2,7 +2,9 @@
 
 The tokenizer of a base model is read from the checkpoint directory its workers announce (a shared
 filesystem or the same image), once per directory. The chat template is rendered the way
-`transformers.apply_chat_template` does (sandboxed Jinja, trim/lstrip blocks, `raise_exception`).
+`transformers.apply_chat_template` does (sandboxed Jinja, trim/lstrip blocks, `raise_exception`, `tools=`
+when it renders tools itself). A token's text for log-probabilities is its own piece: for byte-level BPE
+(GPT-2's byte-to-character map) its exact bytes, read as UTF-8.
 """
 
 from __future__ import annotations
@@ -31,23 +33,74 @@ class ModelTokenizer:
     chat_template: Any  # a compiled jinja2 Template, or None
     special: dict[str, str]
     vocab_size: int  # including added tokens: token ids in a prompt must be below it
+    template_tools: bool = False  # the chat template renders `tools` itself
+    byte_level: bool = False  # pieces are byte-level BPE (GPT-2's byte-to-character map)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def token_text(self, token_id: int) -> tuple[str, list[int]]:
+        """One token's text and its UTF-8 bytes (a piece of a character: its exact bytes, text U+FFFD)."""
+        piece = self.tokenizer.id_to_token(token_id)
+        if self.byte_level and piece is not None and all(c in _BYTE_OF for c in piece):
+            raw = bytes(_BYTE_OF[c] for c in piece)
+        else:  # added tokens, other tokenizers
+            raw = self.decode([token_id]).encode()
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         if self.chat_template is None:
             raise bad_request(
                 "This model has no chat template; use /v1/completions.", code="no_chat_template"
             )
+        extra = {"tools": tools} if tools is not None else {}
         try:
             return str(
                 self.chat_template.render(
-                    messages=messages, add_generation_prompt=add_generation_prompt, **self.special
+                    messages=messages, add_generation_prompt=add_generation_prompt, **self.special, **extra
                 )
             )
-        except TemplateError as e:
+        except (TemplateError, TypeError) as e:  # TypeError: the template's own operations on a value
             raise bad_request(f"The chat template rejected the messages: {e}", param="messages") from e
+
+
+def _byte_map() -> dict[str, int]:
+    """GPT-2's map from the printable character standing for a byte back to the byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_map()
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' `tojson`: keys in their order, no HTML escaping (Jinja's own sorts and escapes)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def load_tokenizer(model_dir: Path) -> ModelTokenizer:
@@ -64,13 +117,25 @@ def load_tokenizer(model_dir: Path) -> ModelTokenizer:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
     special = {
         name: value if isinstance(value, str) else value.get("content", "")
         for name in ("bos_token", "eos_token", "pad_token", "unk_token")
         if isinstance(value := config.get(name), str | dict)
     }
     template = env.from_string(source) if source else None
-    return ModelTokenizer(tok, template, special, tok.get_vocab_size(with_added_tokens=True))
+    decoder = json.loads(tok.to_str()).get("decoder") or {}
+    byte_level = decoder.get("type") == "ByteLevel" or any(
+        d.get("type") == "ByteLevel" for d in decoder.get("decoders", [])
+    )
+    return ModelTokenizer(
+        tok,
+        template,
+        special,
+        tok.get_vocab_size(with_added_tokens=True),
+        template_tools=bool(source and "tools" in source),
+        byte_level=byte_level,
+    )
 
 
 class TokenizerStore:

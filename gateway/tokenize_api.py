@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway import protocol
+from gateway.chat_input import chat_messages
 from gateway.context import GatewayContext, read_json
 from gateway.errors import APIError, bad_request, queue_unavailable
 from gateway.model_catalog import AUTO
@@ -44,7 +44,7 @@ class TokenizeRoutes:
                 if body.get(name) not in (None, False):
                     raise bad_request(f"'{name}' is not supported by this server.", param=name)
             generation = body.get("add_generation_prompt") is None or _flag(body, "add_generation_prompt")
-            text = tok.render_chat(protocol.chat_messages(body), generation)
+            text = tok.render_chat(chat_messages(body), generation)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -65,7 +65,7 @@ class TokenizeRoutes:
             raise bad_request("'tokens' must be a list of token ids.", param="tokens")
         if tokens and (min(tokens) < 0 or max(tokens) >= tok.vocab_size):
             raise bad_request(f"Token ids in 'tokens' must be in [0, {tok.vocab_size}).", param="tokens")
-        return JSONResponse({"prompt": tok.tokenizer.decode(tokens, skip_special_tokens=False)})
+        return JSONResponse({"prompt": tok.decode(tokens)})
 
     async def _model(self, request: Request) -> tuple[dict[str, Any], ModelTokenizer, int]:
         """The body, and the tokenizer and context length of the model it names, as the key may use it."""

@@ -2,17 +2,31 @@
 
 Token layout: decode sequences first (one token each), then prefill chunks; within each group the
 sequences are ordered by adapter slot so LoRA segments are long and few (at most 2 × adapters per step).
+
+Logits rows: one per sequence that samples this step (in `sampled_seqs` order), then, for sequences that
+want prompt logprobs, one per prompt position of their chunk whose logits are still wanted
+(`PromptRows`): position p's logits give prompt token p + 1 its logprob.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from kernels import AttentionMeta, LoRABatchMeta
 from worker.device import host_to_device
 from worker.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """`count` logits rows, from row `row` on, of `seq`'s prompt positions `first`, `first + 1`, ..."""
+
+    seq: Sequence
+    first: int
+    count: int
+    row: int
 
 
 @dataclass(frozen=True)
@@ -25,8 +39,10 @@ class ForwardBatch:
     num_prefill_seqs: sequences in the prefill group, whose tokens follow the decode tokens.
     prefill: attention metadata of the prefill sequences; `query_start_loc` is relative to token
         `num_decode`.
-    logits_indices: [N] rows whose next-token logits are needed (one per sampled sequence).
+    logits_indices: [N] rows whose next-token logits are needed: one per sampled sequence, then the
+        prompt rows.
     lora: segment metadata, or None when no token uses an adapter.
+    prompt_rows: where the prompt-logprob rows of each sequence that wants them lie among the logits.
     """
 
     input_ids: torch.Tensor
@@ -38,6 +54,7 @@ class ForwardBatch:
     prefill: AttentionMeta
     logits_indices: torch.Tensor
     lora: LoRABatchMeta | None
+    prompt_rows: tuple[PromptRows, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -73,6 +90,8 @@ def build_forward_batch(
     token_lora: list[int] = []
     logits_rows: list[int] = []
     sampled_seqs: list[Sequence] = []
+    prompt_rows: list[int] = []
+    prompt_spans: list[PromptRows] = []
     for seq, n in (*decode, *prefill):
         start = seq.num_computed_tokens
         table = seq.block_table
@@ -84,6 +103,10 @@ def build_forward_batch(
         if start + n == seq.num_tokens:
             logits_rows.append(len(ids) - 1)
             sampled_seqs.append(seq)
+        first, end = max(start, seq.next_prompt_logit), min(start + n, seq.num_prompt_tokens - 1)
+        if first < end:
+            prompt_spans.append(PromptRows(seq, first, end - first, len(prompt_rows)))
+            prompt_rows.extend(range(len(ids) - n + first - start, len(ids) - n + end - start))
     query_starts = [0]
     for _, n in prefill:
         query_starts.append(query_starts[-1] + n)
@@ -100,7 +123,7 @@ def build_forward_batch(
         prefill_tables,
         query_starts,
         [s.num_computed_tokens + n for s, n in prefill],
-        logits_rows,
+        [*logits_rows, *prompt_rows],
         seg_indptr,
         seg_slots,
     ]
@@ -125,5 +148,6 @@ def build_forward_batch(
         ),
         logits_indices=t[8],
         lora=LoRABatchMeta(t[9], t[10], segments) if has_lora else None,
+        prompt_rows=tuple(replace(r, row=r.row + len(logits_rows)) for r in prompt_spans),
     )
     return batch, [*decode, *prefill], sampled_seqs

@@ -7,7 +7,8 @@ its hash: eviction of cached blocks is LRU, and only of unreferenced ones. Block
 include the adapter id (`loragate.hashing`), exactly as the gateway computes them for routing.
 
 A block is published to the cache only once its KV has been computed (`commit`), so no request can hit
-a block whose contents are not yet written.
+a block whose contents are not yet written. A sequence that still wants prompt logprobs takes no hit
+over the positions whose logits it needs (they must be computed), but publishes its blocks as any other.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class BlockManager:
             return
         self._extend_hashes(seq)
         usable = (seq.num_tokens - 1) // self.block_size
+        if seq.wants_prompt_logits:  # positions whose logits are wanted must be computed, not hit
+            usable = min(usable, seq.next_prompt_logit // self.block_size)
         for h in seq.block_hashes[:usable]:
             block = self.cached.get(h)
             if block is None:

@@ -37,8 +37,9 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
 
-    def update(self, state: DetokenizerState, output_ids: list[int]) -> bool:
-        """Decode new output tokens into `state.text`; True if a stop string matched (text is cut)."""
+    def update(self, state: DetokenizerState, output_ids: list[int], stops: bool = True) -> bool:
+        """Decode new output tokens into `state.text`; True if a stop string matched (text is cut).
+        With `stops` False (a request short of its `min_tokens`) stop strings are not looked for."""
         new = output_ids[state.consumed :]
         if not new:
             return False
@@ -51,7 +52,7 @@ class IncrementalDetokenizer:
         search_from = max(0, len(state.text) - max((len(s) for s in state.stop), default=0))
         state.text += full[len(prefix) :]
         state.prefix_offset, state.read_offset = state.read_offset, len(state.ids)
-        hits = [at for s in state.stop if (at := state.text.find(s, search_from)) != -1]
+        hits = [at for s in state.stop if stops and (at := state.text.find(s, search_from)) != -1]
         if hits:
             state.text = state.text[: min(hits)]
             return True

@@ -1,12 +1,14 @@
 """The engine: one loop of schedule → forward (paged KV, many adapters) → sample → postprocess.
 
-A worker service drives it step by step (`add_request`, `step`, `abort`, `has_work`); `generate` runs a
-list of requests offline to completion. Everything a request can get wrong — unknown adapter, a prompt too
-long for the context or the KV pool, token ids outside the vocabulary — fails in `add_request`, never
-mid-step (the checks and each request's state: `worker.engine_requests`). What the service publishes about
-the engine it reads through `info` (fixed facts), `snapshot()` (load and cache counters), `drain_events()`
-/ `state_events()` (KV and adapter events for the routers) and the adapter methods below; the managers
-(`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
+A worker service drives it step by step (`add_request`, `step`, `abort`, `has_work`); `generate` runs a list
+of requests offline to completion. A step samples after the request's logits processors
+(`worker.logits_processors`: penalties, bias, min_tokens) and reports log-probabilities of the raw logits
+(`worker.logprobs`) for the requests that ask. Everything a request can get wrong — unknown adapter, a
+prompt too long for the context or the KV pool, token ids outside the vocabulary — fails in `add_request`,
+never mid-step (the checks and each request's state: `worker.engine_requests`). What the service publishes
+about the engine it reads through `info` (fixed facts), `snapshot()` (load and cache counters),
+`drain_events()` / `state_events()` (KV and adapter events for the routers) and the adapter methods below;
+the managers (`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from tokenizers import Tokenizer
 
 from loragate.contracts import AdapterTier, KVEvent
-from loragate.types import FinishReason, Request, RequestOutput
+from loragate.types import FinishReason, Request, RequestOutput, TokenLogprob
 from worker.adapter_cache import AdapterCache
 from worker.batch import ForwardBatch, build_forward_batch
 from worker.block_manager import BlockManager
@@ -29,6 +31,8 @@ from worker.engine_requests import Tracked, check_request, request_output, track
 from worker.engine_types import Completion, EngineInfo, EngineSnapshot, EngineStats
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
+from worker.logits_processors import process_logits
+from worker.logprobs import gather_logprobs, read_step
 from worker.model import LoRAContext, ModelRunner
 from worker.models import load_model_config
 from worker.sampler import Sampler
@@ -135,16 +139,23 @@ class LLMEngine:
             return outputs
         self.stats.steps += 1
         batch, order, sampled_seqs, lora = self._prepare(sched.scheduled)
-        logits = self.runner.forward(batch, lora)
+        logits = self.runner.forward(batch, lora)  # sampled rows, then prompt-logprob rows
         tracked = [self.requests[s.request_id] for s in sampled_seqs]
-        tokens = self.sampler.sample(
-            logits, [t.seq.request.params for t in tracked], [t.generator for t in tracked]
+        raw = logits[: len(sampled_seqs)]
+        processed = process_logits(raw, sampled_seqs, self.model_config.eos_token_ids)
+        tokens = self.sampler.select(
+            processed, [s.request.params for s in sampled_seqs], [t.generator for t in tracked]
         )
+        pending = gather_logprobs(logits, tokens, sampled_seqs, batch.prompt_rows)
+        token_ids, logprobs, prompt_logprobs = read_step(tokens, pending)
         for seq, n in order:
             seq.num_computed_tokens += n
             self.blocks.commit(seq)
-        for t, token in zip(tracked, tokens, strict=True):
-            outputs.append(self._append_token(t, token))
+        for rows, entries in prompt_logprobs:
+            self.requests[rows.seq.request_id].prompt_logprobs.extend(entries)
+            rows.seq.next_prompt_logit = rows.first + rows.count
+        for t, token, logprob in zip(tracked, token_ids, logprobs, strict=True):
+            outputs.append(self._append_token(t, token, logprob))
         return outputs
 
     def generate(self, requests: list[Request]) -> list[Completion]:
@@ -249,15 +260,17 @@ class LLMEngine:
             lora = LoRAContext(cache.stacks, metas)
         return batch, order, sampled_seqs, lora
 
-    def _append_token(self, t: Tracked, token: int) -> RequestOutput:
+    def _append_token(self, t: Tracked, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq, p = t.seq, t.seq.request.params
         seq.token_ids.append(token)
         self.stats.decode_tokens += 1
         reason: FinishReason | None = None
         eos = not p.ignore_eos and token in self.model_config.eos_token_ids
         stop_token = eos or token in p.stop_token_ids
+        # Before min_tokens no stop string ends the request (vLLM's rule; stop tokens cannot be sampled).
+        stops = seq.num_output_tokens >= p.min_tokens
         # A stop token ends the request without adding its text; otherwise decode and look for stop strings.
-        if stop_token or self.detokenizer.update(t.detok, seq.output_token_ids):
+        if stop_token or self.detokenizer.update(t.detok, seq.output_token_ids, stops):
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = FinishReason.LENGTH
@@ -267,4 +280,5 @@ class LLMEngine:
             self.scheduler.remove(seq)
             del self.requests[seq.request_id]
             self.stats.finished[reason.value] = self.stats.finished.get(reason.value, 0) + 1
-        return request_output(t, [token], self.detokenizer.delta(t.detok, reason is not None))
+        delta = self.detokenizer.delta(t.detok, reason is not None)
+        return request_output(t, [token], delta, () if logprob is None else (logprob,))

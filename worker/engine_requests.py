@@ -2,21 +2,23 @@
 what a step reports about it.
 
 `check_request` refuses in `LLMEngine.add_request`, never mid-step, a request that could never run: an
-empty prompt, token ids outside the vocabulary, resumed tokens that already reach `max_tokens`, or a
-prompt plus `max_tokens` beyond the context length or the whole KV pool. `track` makes the engine's state
+empty prompt, token ids outside the vocabulary (in the prompt, `stop_token_ids` or `logit_bias`),
+resumed tokens that already reach `max_tokens`, or a prompt plus `max_tokens` beyond the context length
+or the whole KV pool. `track` makes the engine's state
 for an accepted request (`Tracked`): its sequence, its sampling generator (seeded from the request's seed,
 else at random; none when greedy) and its incremental detokenizer, replayed over any resumed tokens so the
-text continues right after what the client already has. `request_output` is one step's report on it.
+text continues right after what the client already has; and its prompt logprobs as they are computed,
+until they go out with its first output. `request_output` is one step's report on it.
 """
 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from loragate.types import Request, RequestOutput
+from loragate.types import Request, RequestOutput, TokenLogprob
 from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
 from worker.engine_types import EngineInfo
 from worker.sampler import generator_seed
@@ -28,6 +30,8 @@ class Tracked:
     seq: Sequence
     detok: DetokenizerState
     generator: torch.Generator | None
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
 
 def check_request(request: Request, info: EngineInfo, kv_blocks: int) -> None:
@@ -38,6 +42,10 @@ def check_request(request: Request, info: EngineInfo, kv_blocks: int) -> None:
         raise ValueError("the prompt is empty")
     if min(ids) < 0 or max(ids) >= info.vocab_size:
         raise ValueError(f"prompt token ids must be in [0, {info.vocab_size})")
+    p = request.params
+    for name, tokens in (("stop_token_ids", p.stop_token_ids), ("logit_bias", [t for t, _ in p.logit_bias])):
+        if any(not 0 <= t < info.vocab_size for t in tokens):
+            raise ValueError(f"{name}: token ids must be in [0, {info.vocab_size})")
     if len(request.resume_token_ids) >= max_tokens:
         raise ValueError("nothing left to generate: the resumed tokens already reach max_tokens")
     total = len(ids) + max_tokens
@@ -68,9 +76,15 @@ def track(request: Request, detokenizer: IncrementalDetokenizer, device: str) ->
     return Tracked(Sequence.from_request(request), detok, generator)
 
 
-def request_output(t: Tracked, new_ids: list[int], text: str) -> RequestOutput:
-    """What one step reports about a request: its new tokens and text, and where it stands."""
+def request_output(
+    t: Tracked, new_ids: list[int], text: str, logprobs: tuple[TokenLogprob, ...] = ()
+) -> RequestOutput:
+    """What one step reports about a request: its new tokens and text (with their logprobs, if asked),
+    where it stands, and with its first output its prompt logprobs (if asked)."""
     seq = t.seq
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    if not t.prompt_logprobs_sent and not seq.wants_prompt_logits:  # never a partial list (an abort)
+        prompt_logprobs, t.prompt_logprobs_sent = tuple(t.prompt_logprobs), True
     return RequestOutput(
         request_id=seq.request_id,
         new_token_ids=tuple(new_ids),
@@ -80,4 +94,6 @@ def request_output(t: Tracked, new_ids: list[int], text: str) -> RequestOutput:
         prompt_tokens=seq.num_prompt_tokens,
         completion_tokens=seq.num_output_tokens,
         cached_tokens=seq.num_cached_tokens,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )

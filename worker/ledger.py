@@ -80,6 +80,8 @@ class Ledger:
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
             worker_id=self.worker_id,
+            logprobs=out.logprobs,
+            prompt_logprobs=out.prompt_logprobs,
         )
         if held.timeline is not None:
             held.timeline.on_tokens(len(out.new_token_ids), out.cached_tokens)

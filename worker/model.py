@@ -4,7 +4,9 @@ One forward serves every family in `worker.models` (Llama, Qwen2, Mistral): what
 is data (biases in the weights, a sliding window per layer in the config), not code.
 
 Matches Hugging Face's computation order (RMSNorm in fp32, rotate-half RoPE, SiLU-gated MLP) so greedy
-outputs equal `transformers` + `peft`. Only the rows that need next-token logits reach the LM head.
+outputs equal `transformers` + `peft`. Only the rows whose logits are needed reach the LM head
+(`ForwardBatch.logits_indices`: sampled positions, and prompt positions of requests wanting prompt
+logprobs).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Token selection for one step: greedy rows by argmax, the rest by temperature / top-k / top-p sampling.
+"""Token selection for one step: greedy rows by argmax, the rest by temperature, then min-p / top-k /
+top-p filtering, then sampling. The logits it gets are already processed (`worker.logits_processors`).
 
 Each seeded request draws from its own `torch.Generator` on the logits' device, so the same seed gives the
 same tokens whatever else shares the batch (on a given device: CPU and CUDA generators are different
@@ -27,6 +28,15 @@ def generator_seed(seed: int) -> int:
     """The generator seed for a request's `seed` in [-2**63, 2**64 - 1]: an unsigned 64-bit hash of it."""
     digest = hashlib.blake2b(seed.to_bytes(9, "little", signed=True), digest_size=8, person=b"lg-seed")
     return int.from_bytes(digest.digest(), "little")
+
+
+def _filter_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    if not any(min_p):
+        return logits
+    m = host_to_device(min_p, logits.dtype, str(logits.device))[:, None]
+    probs = logits.softmax(dim=-1)
+    # Relative to the top token's probability (vLLM's min-p): the top token always stays.
+    return logits.masked_fill(probs < m * probs.amax(dim=-1, keepdim=True), float("-inf"))
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
@@ -71,6 +81,7 @@ class Sampler:
             index = host_to_device(rows, torch.int64, device)
             temperatures = host_to_device([params[i].temperature for i in rows], torch.float32, device)
             sub = logits.index_select(0, index) / temperatures[:, None]
+            sub = _filter_min_p(sub, [params[i].min_p for i in rows])
             sub = _filter_top_k_top_p(sub, [params[i].top_k for i in rows], [params[i].top_p for i in rows])
             probs = sub.softmax(dim=-1)
             noise = torch.empty_like(probs)

@@ -34,13 +34,20 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     lora_slot: int = -1
+    # The first prompt position whose logits (for prompt logprobs) are still to be computed; none are
+    # wanted from `num_prompt_tokens - 1` on (that position's logits sample the first output token).
+    next_prompt_logit: int = 0
 
     @classmethod
     def from_request(cls, request: Request) -> Sequence:
+        n = len(request.prompt_token_ids)
+        # A resumed request's prompt logprobs went out with its first output, on the worker that began it.
+        wanted = request.params.prompt_logprobs is not None and not request.resume_token_ids
         return cls(
             request=request,
             token_ids=[*request.prompt_token_ids, *request.resume_token_ids],
-            num_prompt_tokens=len(request.prompt_token_ids),
+            num_prompt_tokens=n,
+            next_prompt_logit=0 if wanted else max(0, n - 1),
         )
 
     @property
@@ -66,6 +73,11 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Some prompt positions' logits are still needed: they must be computed, not taken from cache."""
+        return self.next_prompt_logit < self.num_prompt_tokens - 1
 
     @property
     def is_finished(self) -> bool:

@@ -10,6 +10,7 @@ from opentelemetry.trace import Span, get_current_span
 from starlette.requests import Request
 
 from gateway import protocol
+from gateway.chat_input import chat_messages
 from gateway.context import GatewayContext, read_json
 from loragate.tracing import span
 
@@ -38,7 +39,7 @@ async def parse(ctx: GatewayContext, request: Request, chat: bool) -> Call:
     call = Call(chat, tenant, body, parsed, [], server_span)
     if server_span.is_recording():  # before the messages are checked: a refused request is named too
         server_span.set_attributes(call_attributes(call))
-    return replace(call, messages=protocol.chat_messages(body)) if chat else call
+    return replace(call, messages=chat_messages(body)) if chat else call
 
 
 def call_attributes(call: Call) -> dict[str, str]:

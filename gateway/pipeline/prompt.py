@@ -1,11 +1,13 @@
-"""Stage tokenize: the prompt's token ids (chat template, or the completion prompt as text or ids), the
-completion budget within the model's context, and the sampling parameters."""
+"""Stage tokenize: the prompt's token ids (chat template with the request's tools, or the completion prompt
+as text or ids), the completion budget within the model's context, and the sampling parameters (token ids
+in them checked against the vocabulary); and `render_spec`, how the answer's choices show."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from gateway import protocol
+from gateway import protocol, tools
 from gateway.choice_render import RenderSpec
 from gateway.context import GatewayContext
 from gateway.errors import bad_request
@@ -29,7 +31,8 @@ def tokenize(ctx: GatewayContext, call: Call, resolved: Resolved) -> Prompt:
     with span(ctx.tracer, "tokenize") as tokenize_span:
         tok = ctx.tokenizers.get(resolved.worker_state.model_dir)
         if call.chat:
-            text = tok.render_chat(call.messages)
+            messages, shown = tools.prompt_messages(call.messages, call.parsed.tools, tok.template_tools)
+            text = tok.render_chat(messages, tools=shown)
             ids = tok.encode(text)
         else:
             text, given = protocol.completion_prompt(call.body, tok.vocab_size)
@@ -38,6 +41,7 @@ def tokenize(ctx: GatewayContext, call: Call, resolved: Resolved) -> Prompt:
     if not ids:
         raise bad_request("The prompt is empty after tokenization.", param="prompt")
     max_tokens = completion_budget(len(ids), call.parsed.max_tokens, resolved.max_model_len, call.chat)
+    check_sampling(call.parsed.params, max_tokens, tok.vocab_size)
     params = protocol.sampling_params(call.parsed, max_tokens)
     if call.server_span.is_recording():
         call.server_span.set_attributes(
@@ -65,6 +69,28 @@ def completion_budget(prompt_tokens: int, asked: int | None, limit: int, chat: b
     return max_tokens
 
 
+def check_sampling(params: dict[str, Any], max_tokens: int, vocab_size: int) -> None:
+    """What the parse stage could not check: token ids against the vocabulary, min_tokens against the
+    completion budget."""
+    for token_id, _ in params.get("logit_bias", ()):
+        if token_id >= vocab_size:
+            raise bad_request(f"'logit_bias' token ids must be below {vocab_size}.", param="logit_bias")
+    if any(t >= vocab_size for t in params.get("stop_token_ids", ())):
+        raise bad_request(f"'stop_token_ids' must be below {vocab_size}.", param="stop_token_ids")
+    if params.get("min_tokens", 0) > max_tokens:
+        raise bad_request(f"'min_tokens' must not exceed max_tokens ({max_tokens}).", param="min_tokens")
+
+
 def render_spec(call: Call, tok: ModelTokenizer, prompt: Prompt) -> RenderSpec:
     """How the choices of `prompt` show (the endpoint's shape; logprobs, tool calls and echo as asked)."""
-    return RenderSpec(call.chat)
+    params, parsed = prompt.params, call.parsed
+    echo = None
+    if parsed.echo:
+        echo = prompt.text if prompt.text is not None else tok.decode(prompt.token_ids)
+    return RenderSpec(
+        call.chat,
+        logprobs=tok.token_text if params.logprobs is not None else None,
+        echo=echo,
+        echo_first=prompt.token_ids[0] if echo is not None and params.prompt_logprobs is not None else None,
+        tools=parsed.tools.names if parsed.tools is not None and parsed.tools.parsed else None,
+    )

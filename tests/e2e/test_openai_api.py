@@ -159,7 +159,7 @@ def test_error_statuses(stack: Stack, zoo: ZooPaths) -> None:
     with pytest.raises(openai.BadRequestError) as ctx_len:
         c.completions.create(model="tiny", prompt="x", max_tokens=100_000)
     assert ctx_len.value.code == "context_length_exceeded" and ctx_len.value.param == "prompt"
-    for bad in ({"n": 129}, {"temperature": 9}, {"stop": [""] * 5}, {"logprobs": 3}):
+    for bad in ({"n": 129}, {"temperature": 9}, {"stop": [""] * 5}, {"logprobs": 6}):
         with pytest.raises(openai.BadRequestError) as refused:
             c.completions.create(model="tiny", prompt="x", **bad)  # type: ignore[call-overload]
         assert refused.value.param == next(iter(bad)), refused.value.body  # names what was wrong

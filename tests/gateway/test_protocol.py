@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gateway.chat_input import chat_messages
 from gateway.choice_render import ChoiceRenderer, RenderSpec
 from gateway.errors import APIError
 from gateway.protocol import (
@@ -14,7 +15,6 @@ from gateway.protocol import (
     SEED_MIN,
     ParsedRequest,
     body,
-    chat_messages,
     chunk,
     completion_prompt,
     completion_prompts,
@@ -40,16 +40,9 @@ PARSE_ERRORS = [
     pytest.param({"n": 0}, False, "n", "between 1 and 128", id="n zero"),
     pytest.param({"n": 2.5}, False, "n", "integer", id="n a float"),
     pytest.param({"n": True}, True, "n", "integer", id="n a boolean"),
-    pytest.param({"logprobs": True}, True, "logprobs", "not supported", id="logprobs"),
-    pytest.param({"logprobs": 2}, False, "logprobs", "not supported", id="logprobs count"),
-    pytest.param({"top_logprobs": 3}, True, "top_logprobs", "not supported", id="top_logprobs"),
-    pytest.param({"echo": True}, False, "echo", "not supported", id="echo"),
     pytest.param({"best_of": 2}, False, "best_of", "not supported", id="best_of above 1"),
-    pytest.param({"logit_bias": {"1": 5}}, True, "logit_bias", "not supported", id="logit_bias"),
-    pytest.param({"tools": [{"type": "function"}]}, True, "tools", "not supported", id="tools"),
     pytest.param({"functions": [{"name": "f"}]}, True, "functions", "not supported", id="functions"),
-    pytest.param({"presence_penalty": 0.5}, True, "presence_penalty", "use 0", id="presence penalty"),
-    pytest.param({"frequency_penalty": -1}, True, "frequency_penalty", "use 0", id="frequency penalty"),
+    pytest.param({"function_call": "auto"}, True, "function_call", "not supported", id="function_call"),
     pytest.param({"presence_penalty": 3}, True, "presence_penalty", "-2.0 and 2.0", id="penalty range"),
     pytest.param({"stream": "yes"}, False, "stream", "boolean", id="stream not a boolean"),
     pytest.param({"stream_options": [1]}, False, "stream_options", "object", id="stream_options a list"),
@@ -75,24 +68,6 @@ PARSE_ERRORS = [
     pytest.param({"top_p": 0}, False, "top_p", "between", id="top_p zero"),
     pytest.param({"top_p": 1.01}, False, "top_p", "between", id="top_p above 1"),
     pytest.param({"top_k": -2}, False, "top_k", "integer between -1", id="top_k below -1"),
-    pytest.param(
-        {"response_format": {"type": "json_object"}},
-        True,
-        "response_format",
-        "'json_object' is not",
-        id="json",
-    ),
-    pytest.param(
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-        True,
-        "response_format",
-        "'json_schema' is not supported",
-        id="json schema",
-    ),
-    pytest.param({"tool_choice": "auto"}, True, "tool_choice", "'auto' is not", id="tool_choice auto"),
-    pytest.param(
-        {"tool_choice": "required"}, True, "tool_choice", "not supported", id="tool_choice required"
-    ),
     pytest.param({"suffix": "end"}, False, "suffix", "not supported", id="suffix (insertion)"),
     pytest.param({"modalities": ["text", "audio"]}, True, "modalities", "not supported", id="audio out"),
     pytest.param({"audio": {"voice": "x"}}, True, "audio", "not supported", id="audio"),
@@ -110,8 +85,8 @@ def test_parse_common_refuses(body: dict[str, Any], chat: bool, param: str, word
 @pytest.mark.parametrize(
     "body",
     [
-        pytest.param({"logprobs": False, "echo": False, "best_of": 1, "n": 1}, id="neutral values"),
-        pytest.param({"logprobs": 0, "top_logprobs": None, "tools": None}, id="zero and null"),
+        pytest.param({"logprobs": False, "best_of": 1, "n": 1}, id="neutral values"),
+        pytest.param({"logprobs": None, "top_logprobs": None, "tools": None}, id="nulls of logprobs, tools"),
         pytest.param({"presence_penalty": 0, "frequency_penalty": 0.0}, id="zero penalties"),
         pytest.param({"n": None, "stream": None, "stream_options": None, "stop": None}, id="nulls"),
         pytest.param({"response_format": {"type": "text"}, "tool_choice": "none"}, id="text, no tools"),
@@ -119,7 +94,7 @@ def test_parse_common_refuses(body: dict[str, Any], chat: bool, param: str, word
         pytest.param({"suffix": "", "modalities": ["text"], "parallel_tool_calls": True}, id="neutral"),
     ],
 )
-def test_parse_common_accepts_neutral_values_of_unsupported_features(body: dict[str, Any]) -> None:
+def test_parse_common_accepts_neutral_values(body: dict[str, Any]) -> None:
     assert parse_common({"model": "m", **body}, chat=True).params["temperature"] == 1.0
 
 
@@ -395,3 +370,228 @@ def test_usage_chunk(chat: bool, kind: str) -> None:
 @pytest.mark.parametrize(("top_k", "expected"), [(-1, 0), (0, 0), (None, 0), (5, 5)], ids=str)
 def test_top_k_minus_one_or_zero_is_off(top_k: int | None, expected: int) -> None:
     assert parse_common({"model": "m", "top_k": top_k}, chat=False).params["top_k"] == expected
+
+
+# --- sampling parameters beyond OpenAI's basics: valid, invalid, null ------------------------------------
+
+# (body, chat, the SamplingParams fields it sets)
+SAMPLING_VALID = [
+    pytest.param({"presence_penalty": 0.5}, False, {"presence_penalty": 0.5}, id="presence_penalty"),
+    pytest.param({"frequency_penalty": -2}, True, {"frequency_penalty": -2.0}, id="frequency_penalty low"),
+    pytest.param({"repetition_penalty": 1.3}, False, {"repetition_penalty": 1.3}, id="repetition_penalty"),
+    pytest.param({"min_p": 0.1}, False, {"min_p": 0.1}, id="min_p"),
+    pytest.param({"min_tokens": 3}, True, {"min_tokens": 3}, id="min_tokens"),
+    pytest.param(
+        {"logit_bias": {"7": 5, "3": -100}}, True, {"logit_bias": ((3, -100.0), (7, 5.0))}, id="bias"
+    ),
+    pytest.param({"logit_bias": {}}, True, {"logit_bias": ()}, id="empty logit_bias"),
+    pytest.param({"stop_token_ids": [2, 9]}, False, {"stop_token_ids": (2, 9)}, id="stop_token_ids"),
+    pytest.param({"logprobs": True}, True, {"logprobs": 0}, id="chat logprobs"),
+    pytest.param({"logprobs": True, "top_logprobs": 20}, True, {"logprobs": 20}, id="chat top_logprobs 20"),
+    pytest.param({"logprobs": False}, True, {}, id="chat logprobs off"),
+    pytest.param({"logprobs": 5}, False, {"logprobs": 5}, id="completion logprobs 5"),
+    pytest.param({"logprobs": 0}, False, {"logprobs": 0}, id="completion logprobs 0"),
+    pytest.param({"logprobs": 2, "echo": True}, False, {"logprobs": 2, "prompt_logprobs": 2}, id="echo"),
+    pytest.param({"echo": True}, False, {}, id="echo without logprobs"),
+]
+
+NULLS = [
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "min_tokens",
+    "logit_bias",
+    "stop_token_ids",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "best_of",
+    "functions",
+    "function_call",
+]
+
+
+@pytest.mark.parametrize(("body", "chat", "fields"), SAMPLING_VALID)
+def test_new_sampling_parameters_reach_sampling_params(
+    body: dict[str, Any], chat: bool, fields: dict[str, Any]
+) -> None:
+    parsed = parse_common({"model": "m", **body}, chat)
+    extra = {k: v for k, v in parsed.params.items() if k not in DEFAULT_PARAMS}
+    assert extra == fields
+    params = sampling_params(parsed, 16)
+    assert all(getattr(params, k) == v for k, v in fields.items())
+
+
+DEFAULT_PARAMS = ("temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+
+
+@pytest.mark.parametrize("name", NULLS)
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_explicit_null_is_not_given(name: str, chat: bool) -> None:
+    parsed = parse_common({"model": "m", name: None}, chat)
+    assert parsed == parse_common({"model": "m"}, chat)
+
+
+SAMPLING_ERRORS = [
+    pytest.param({"frequency_penalty": 2.5}, False, "frequency_penalty", "-2.0 and 2.0", id="frequency high"),
+    pytest.param({"presence_penalty": "1"}, False, "presence_penalty", "number", id="presence a string"),
+    pytest.param({"repetition_penalty": 0}, False, "repetition_penalty", "above 0", id="repetition zero"),
+    pytest.param(
+        {"repetition_penalty": -1}, False, "repetition_penalty", "above 0", id="repetition negative"
+    ),
+    pytest.param({"repetition_penalty": True}, False, "repetition_penalty", "above 0", id="repetition bool"),
+    pytest.param({"min_p": 1.5}, False, "min_p", "between 0.0 and 1.0", id="min_p above 1"),
+    pytest.param({"min_p": -0.1}, False, "min_p", "between", id="min_p negative"),
+    pytest.param({"min_tokens": -1}, False, "min_tokens", "integer between 0", id="min_tokens negative"),
+    pytest.param({"min_tokens": 1.5}, False, "min_tokens", "integer", id="min_tokens a float"),
+    pytest.param({"logit_bias": [1, 2]}, True, "logit_bias", "object", id="logit_bias a list"),
+    pytest.param({"logit_bias": {"a": 1}}, True, "logit_bias", "not a token id", id="bias key not an id"),
+    pytest.param({"logit_bias": {"-1": 1}}, True, "logit_bias", "not a token id", id="bias key negative"),
+    pytest.param({"logit_bias": {"1": 101}}, True, "logit_bias", "-100 and 100", id="bias above 100"),
+    pytest.param({"logit_bias": {"1": "x"}}, True, "logit_bias", "-100 and 100", id="bias a string"),
+    pytest.param({"logit_bias": {"1": True}}, True, "logit_bias", "-100 and 100", id="bias a boolean"),
+    pytest.param({"stop_token_ids": 3}, False, "stop_token_ids", "list of token ids", id="stop ids a number"),
+    pytest.param(
+        {"stop_token_ids": [-1]}, False, "stop_token_ids", "list of token ids", id="stop id negative"
+    ),
+    pytest.param({"stop_token_ids": [True]}, False, "stop_token_ids", "list of token ids", id="stop id bool"),
+    pytest.param({"logprobs": 1}, True, "logprobs", "boolean", id="chat logprobs a number"),
+    pytest.param({"top_logprobs": 3}, True, "top_logprobs", "needs 'logprobs'", id="top without logprobs"),
+    pytest.param(
+        {"logprobs": False, "top_logprobs": 3}, True, "top_logprobs", "needs", id="top with logprobs false"
+    ),
+    pytest.param({"logprobs": True, "top_logprobs": 21}, True, "top_logprobs", "0 and 20", id="top above 20"),
+    pytest.param({"logprobs": True, "top_logprobs": -1}, True, "top_logprobs", "0 and 20", id="top negative"),
+    pytest.param({"logprobs": 6}, False, "logprobs", "between 0 and 5", id="completion logprobs above 5"),
+    pytest.param({"logprobs": True}, False, "logprobs", "integer", id="completion logprobs a boolean"),
+    pytest.param({"echo": 1}, False, "echo", "boolean", id="echo not a boolean"),
+    pytest.param({"echo": True}, True, "echo", "/v1/completions", id="echo in chat"),
+    pytest.param(
+        {"parallel_tool_calls": "yes"}, True, "parallel_tool_calls", "boolean", id="parallel a string"
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "chat", "param", "words"), SAMPLING_ERRORS)
+def test_new_sampling_parameters_refused(body: dict[str, Any], chat: bool, param: str, words: str) -> None:
+    error = _refused(parse_common, {"model": "m", **body}, chat)
+    assert error.param == param and words in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"response_format": {"type": "json_object"}}, id="response_format"),
+        pytest.param({"guided_regex": "a+"}, id="guided_regex"),
+        pytest.param(
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+            id="forced tool call",
+        ),
+    ],
+)
+def test_a_guide_reaches_sampling_params(body: dict[str, Any]) -> None:
+    parsed = parse_common({"model": "m", **body}, chat=True)
+    assert sampling_params(parsed, 8).guide == parsed.params["guide"] != ""
+
+
+def test_a_forced_tool_call_and_a_structured_output_are_refused_together() -> None:
+    body = {
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tool_choice": "required",
+        "response_format": {"type": "json_object"},
+    }
+    error = _refused(parse_common, body, True)
+    assert error.param == "tool_choice" and "response_format" in error.message
+
+
+def test_auto_tools_and_a_structured_output_go_together() -> None:
+    body = {"tools": [{"type": "function", "function": {"name": "f"}}], "guided_choice": ["a", "b"]}
+    parsed = parse_common(body, chat=True)
+    assert parsed.tools is not None and parsed.tools.choice == "auto" and "choice" in parsed.params["guide"]
+
+
+# --- chat messages with tool calls ----------------------------------------------------------------------
+
+TOOL_MESSAGE_ERRORS = [
+    pytest.param(
+        {"role": "assistant", "content": None}, "messages[0].content", "string", id="null content, no calls"
+    ),
+    pytest.param(
+        {"role": "assistant", "content": None, "tool_calls": {"id": "1"}},
+        "messages[0].tool_calls",
+        "list of tool calls",
+        id="tool_calls not a list",
+    ),
+    pytest.param(
+        {"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f"}}]},
+        "messages[0].tool_calls[0]",
+        "arguments",
+        id="call without arguments",
+    ),
+    pytest.param(
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}],
+        },
+        "messages[0].tool_calls[0]",
+        "arguments",
+        id="arguments not a string",
+    ),
+    pytest.param(
+        {"role": "assistant", "tool_calls": [{"type": "code", "function": {"name": "f", "arguments": "{}"}}]},
+        "messages[0].tool_calls[0]",
+        "'function'",
+        id="not a function call",
+    ),
+    pytest.param(
+        {"role": "tool", "content": "1", "tool_call_id": 5},
+        "messages[0].tool_call_id",
+        "string",
+        id="tool_call_id a number",
+    ),
+    pytest.param(
+        {"role": "tool", "content": None}, "messages[0].content", "string", id="tool without content"
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "param", "words"), TOOL_MESSAGE_ERRORS)
+def test_chat_messages_refuses_malformed_tool_turns(message: dict[str, Any], param: str, words: str) -> None:
+    error = _refused(chat_messages, {"messages": [message]})
+    assert error.param == param and words in error.message, error.message
+
+
+def test_chat_messages_keep_tool_calls_and_results() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    body = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "3", "tool_call_id": "call_1"},
+            {"role": "assistant", "content": None, "function_call": {"name": "g", "arguments": "{}"}},
+            {"role": "function", "name": "g", "content": "ok"},
+        ]
+    }
+    assert chat_messages(body) == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "3", "tool_call_id": "call_1"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "g", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "content": "ok", "name": "g"},
+    ]

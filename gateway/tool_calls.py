@@ -1,0 +1,113 @@
+"""Tool calling, output side: the model's text read back as content and tool calls, incrementally.
+
+The default format (`gateway.tools`) has the model write `<tool_call>\\n{"name": ..., "arguments": {...}}
+\\n</tool_call>`. `ToolCallParser` reads the output as it streams and yields, in order, plain text and
+complete calls. It holds back only what may still turn into a call: a tail that may be the start of
+`<tool_call>`, the inside of an open block, and trailing whitespace (whitespace around a call is not
+content). A block becomes a call when its JSON is an object with a `name` among the request's tools and
+an `arguments` object; anything else — bad JSON, an unknown tool — stays text, verbatim. A block the
+output ends inside (EOS or a stop before `</tool_call>`) is read the same way. The same parser serves the
+streamed and the whole answer, so both give the same calls and content whatever the chunking.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI's `function.arguments`
+
+
+Piece = str | ParsedCall
+
+
+class ToolCallParser:
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+        self.buf = ""
+        self.inside = False  # within <tool_call> ... (buf: the block so far)
+        self.after_call = False  # whitespace right after a call is dropped
+        self.space = ""  # the whitespace before an open block: dropped if the block is a call
+
+    def feed(self, text: str) -> list[Piece]:
+        """What `text` (the next part of the output) completes: text and calls, in order."""
+        self.buf += text
+        out: list[Piece] = []
+        while True:
+            if self.inside:
+                end = self.buf.find(CLOSE)
+                if end < 0:
+                    return out
+                out.append(self._block(self.buf[:end], closed=True))
+                self.buf = self.buf[end + len(CLOSE) :]
+                self.inside = False
+                continue
+            if self.after_call:
+                self.buf = self.buf.lstrip()
+                if not self.buf:
+                    return out
+                self.after_call = False
+            start = self.buf.find(OPEN)
+            if start >= 0:
+                head = self.buf[:start].rstrip()
+                if head:
+                    out.append(head)
+                self.space = self.buf[len(head) : start]
+                self.buf = self.buf[start + len(OPEN) :]
+                self.inside = True
+                continue
+            ready = len(self.buf) - _held(self.buf)
+            if ready:
+                out.append(self.buf[:ready])
+                self.buf = self.buf[ready:]
+            return out
+
+    def close(self) -> list[Piece]:
+        """The end of the output: what was held back, read for what it is."""
+        rest, self.buf = self.buf, ""
+        if self.inside:
+            self.inside = False
+            return [self._block(rest, closed=False)]
+        if self.after_call:
+            rest = rest.lstrip()
+        return [rest] if rest else []
+
+    def _block(self, inner: str, closed: bool) -> Piece:
+        call = self._call(inner)
+        if call is not None:
+            self.after_call = True
+            return call
+        return self.space + OPEN + inner + (CLOSE if closed else "")
+
+    def _call(self, inner: str) -> ParsedCall | None:
+        try:
+            obj = json.loads(inner)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or obj.get("name") not in self.names:
+            return None
+        args = obj.get("arguments")
+        if not isinstance(args, dict):
+            return None
+        return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _held(buf: str) -> int:
+    """How many trailing characters may still belong to a call: a prefix of `<tool_call>` and the
+    whitespace before it."""
+    keep = next((k for k in range(min(len(OPEN) - 1, len(buf)), 0, -1) if buf.endswith(OPEN[:k])), 0)
+    return len(buf) - len(buf[: len(buf) - keep].rstrip())
+
+
+def parse_output(text: str, names: frozenset[str]) -> tuple[str, list[ParsedCall]]:
+    """A whole output: its content (the text pieces joined) and its calls."""
+    parser = ToolCallParser(names)
+    pieces = parser.feed(text) + parser.close()
+    content = "".join(p for p in pieces if isinstance(p, str))
+    return content, [p for p in pieces if isinstance(p, ParsedCall)]

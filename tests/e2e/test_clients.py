@@ -1,0 +1,218 @@
+"""The clients users bring, end to end against a real stack serving the real model (SmolLM2-135M-Instruct).
+
+The official `openai` client (`chat.completions.parse` with a pydantic model; a tool-call round trip,
+streamed and not), langchain-openai (`with_structured_output`, `bind_tools`), litellm with tools, and
+lm-eval's `local-completions` (log-likelihood multiple choice and batched `generate_until`) through
+`loadtest.lm_eval_run`. Structured answers are forced by the worker's grammar, so they parse and validate
+whatever the model would have said; the free parts (the answer after a tool result) are the model's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.e2e.stack import Stack, running_stack
+from tests.e2e.test_eval import smol_stack
+from worker.modelzoo.make import ZooPaths
+
+KEY = "sk-test-alice"
+pytestmark = pytest.mark.slow
+
+
+class Weather(BaseModel):
+    city: str = Field(max_length=24)
+    unit: Literal["celsius", "fahrenheit"]
+    temperature: int
+
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a time zone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+@pytest.fixture(scope="module")
+def smol(
+    zoo: ZooPaths, smollm2: Path, redis_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    workdir = Path(tmp_path_factory.mktemp("clients"))
+    with running_stack(zoo, redis_server, workdir, workers=("w1",), stack_type=smol_stack(smollm2)) as stack:
+        yield stack
+
+
+def client(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0, timeout=180)
+
+
+@pytest.mark.parametrize("model", ["smollm2", "smollm2:signoff"])
+def test_openai_parse_gives_a_validated_pydantic_object(smol: Stack, model: str) -> None:
+    reply = client(smol).chat.completions.parse(
+        model=model,
+        messages=[{"role": "user", "content": "Give the weather in Paris as JSON."}],
+        response_format=Weather,
+        max_tokens=80,
+        temperature=0,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert isinstance(choice.message.parsed, Weather), choice.message.content
+
+
+def _first_call(reply: Any) -> Any:
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id
+    return call
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_openai_tool_call_round_trip(smol: Stack, stream: bool) -> None:
+    c = client(smol)
+    ask: dict[str, Any] = {
+        "model": "smollm2",
+        "messages": QUESTION,
+        "tools": [WEATHER_TOOL, TIME_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 64,
+        "temperature": 0,
+    }
+    if stream:
+        with c.chat.completions.stream(**ask) as events:
+            kinds = {type(e).__name__ for e in events}
+            first = events.get_final_completion()
+        assert "FunctionToolCallArgumentsDoneEvent" in kinds, kinds
+    else:
+        first = c.chat.completions.create(**ask)
+    call = _first_call(first)
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city"} and isinstance(args["city"], str) and len(args["city"]) <= 24
+    follow_up = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {
+            "role": "tool",
+            "tool_call_id": call.id,
+            "content": json.dumps({"temperature": 21, "unit": "celsius"}),
+        },
+    ]
+    second = c.chat.completions.create(
+        model="smollm2", messages=follow_up, tools=[WEATHER_TOOL], max_tokens=48, temperature=0
+    )
+    answer = second.choices[0]
+    assert answer.finish_reason in ("stop", "length", "tool_calls"), answer
+    assert answer.message.content or answer.message.tool_calls
+
+
+def test_openai_required_tool_choice_with_parallel_calls(smol: Stack) -> None:
+    reply = client(smol).chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Weather in Paris and the time in CET, please."}],
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=True,
+        max_tokens=96,
+        temperature=0,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        args = json.loads(call.function.arguments)
+        assert call.function.name in ("get_weather", "get_time"), call
+        assert set(args) == ({"city"} if call.function.name == "get_weather" else {"zone"})
+    assert len({c.id for c in choice.message.tool_calls}) == len(choice.message.tool_calls)
+
+
+def test_langchain_structured_output_and_bound_tools(smol: Stack) -> None:
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        model="smollm2", base_url=f"{smol.url}/v1", api_key=KEY, temperature=0, max_tokens=80, max_retries=0
+    )
+    weather = llm.with_structured_output(Weather, method="json_schema").invoke("The weather in Oslo as JSON.")
+    assert isinstance(weather, Weather)
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return f"21 degrees in {city}"
+
+    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Rome?")
+    (call,) = message.tool_calls
+    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+
+
+def test_litellm_with_tools(smol: Stack) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list at import
+    import litellm
+
+    reply = litellm.completion(
+        model="openai/smollm2",
+        api_base=f"{smol.url}/v1",
+        api_key=KEY,
+        messages=QUESTION,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=64,
+        temperature=0,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+
+
+def test_lm_eval_multiple_choice_and_batched_generation(smol: Stack, smollm2: Path) -> None:
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtest.lm_eval_run",
+            *("--base-url", f"{smol.url}/v1", "--api-key", KEY, "--model", "smollm2"),
+            *("--tokenizer", str(smollm2), "--batch-size", "4", "--limit", "8"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["mc_n"] == 8 and report["gen_n"] == 8 and report["batch_size"] == 4
+    # The first eight documents are capital cities, which SmolLM2 knows: well above chance (25%, 0%).
+    assert report["mc_acc"] >= 0.5 and report["gen_exact_match"] >= 0.5, report
