@@ -200,3 +200,17 @@ def test_tokenize_and_detokenize_round_trip(stack: Stack, zoo: ZooPaths) -> None
     bob = {"Authorization": "Bearer sk-test-bob"}
     mine = httpx.post(f"{stack.url}/tokenize", json={"model": "tiny:bobs-kv", "prompt": text}, headers=bob)
     assert mine.json()["tokens"] == got["tokens"]
+
+
+def test_a_list_of_prompts_with_echo_and_logprobs_scores_each_as_alone(stack: Stack) -> None:
+    """What lm-eval's loglikelihood sends with `--batch_size 4`: each prompt echoed with its logprobs."""
+    prompts = ["The capital of France is Paris", "def add(a, b): return a + b"]
+    scoring = {"echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
+    out = complete(stack, prompt=prompts, **scoring)
+    for choice, prompt in zip(out["choices"], prompts, strict=True):
+        alone = complete(stack, prompt=prompt, **scoring)["choices"][0]
+        assert choice["text"].startswith(prompt) and choice["text"] == alone["text"]
+        assert choice["logprobs"]["tokens"] == alone["logprobs"]["tokens"]
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(
+            alone["logprobs"]["token_logprobs"], abs=1e-4
+        )
