@@ -27,7 +27,8 @@ ROUTES = [  # the real ones (a random method and path are drawn too)
     ("DELETE", "/admin/keys/0123456789"), ("GET", "/admin/policy"), ("PUT", "/admin/policy"),
     ("GET", "/admin/policy/history"), ("POST", "/admin/policy/rollback"), ("GET", "/admin/policy/shadow"),
     ("PUT", "/admin/policy/shadow"), ("DELETE", "/admin/policy/shadow"), ("GET", "/admin/policy/stats"),
-    ("GET", "/admin/decisions/d-1"),
+    ("GET", "/admin/decisions/d-1"), ("POST", "/tokenize"), ("POST", "/detokenize"),
+    ("GET", "/v1/models/tiny"),
 ]
 # fmt: on
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
@@ -50,7 +51,10 @@ json_values = st.recursive(
 FIELDS = [
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
     "seed", "stop", "stream", "stream_options", "n", "user", "ignore_eos", "logprobs", "path", "tenants",
-    "pinned", "tenant", "version", "plugins", "profiles",
+    "pinned", "tenant", "version", "plugins", "profiles", "echo", "top_logprobs", "logit_bias",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "min_p", "stop_token_ids",
+    "response_format", "tools", "tool_choice", "parallel_tool_calls", "guided_regex", "guided_choice",
+    "guided_json", "guided_grammar", "structured_outputs", "tokens",
 ]
 # fmt: on
 
