@@ -27,6 +27,7 @@ from worker.device import is_cuda
 from worker.engine_events import EngineEvents
 from worker.engine_requests import Tracked, check_request, request_output, track
 from worker.engine_types import Completion, EngineInfo, EngineSnapshot, EngineStats
+from worker.grammar import GuidedDecoding
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
 from worker.model import LoRAContext, ModelRunner
@@ -74,6 +75,7 @@ class LLMEngine:
             self.adapters.register(name, Path(path))
         self.sampler = Sampler()
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.grammar = GuidedDecoding(self.model_dir, cfg.vocab_size, cfg.eos_token_ids, config.device)
         self.requests: dict[str, Tracked] = {}
         self.aborted: list[Tracked] = []
         self.stats = EngineStats()
@@ -98,7 +100,10 @@ class LLMEngine:
             if not self.adapters.known(request.adapter):
                 raise ValueError(f"unknown adapter {request.adapter!r}")
             self.adapters.ensure_host(request.adapter)  # reads and validates now, not mid-step
-        tracked = self.requests[request.request_id] = track(request, self.detokenizer, self.config.device)
+        matcher = self.grammar.start(request)  # compiles its guide, if any (ValueError if it cannot)
+        tracked = self.requests[request.request_id] = track(
+            request, self.detokenizer, self.config.device, matcher
+        )
         self.scheduler.add(tracked.seq)
 
     def abort(self, request_id: str) -> bool:
@@ -138,7 +143,9 @@ class LLMEngine:
         logits = self.runner.forward(batch, lora)
         tracked = [self.requests[s.request_id] for s in sampled_seqs]
         tokens = self.sampler.sample(
-            logits, [t.seq.request.params for t in tracked], [t.generator for t in tracked]
+            self.grammar.mask(logits, tracked),
+            [t.seq.request.params for t in tracked],
+            [t.generator for t in tracked],
         )
         for seq, n in order:
             seq.num_computed_tokens += n
@@ -257,7 +264,12 @@ class LLMEngine:
         eos = not p.ignore_eos and token in self.model_config.eos_token_ids
         stop_token = eos or token in p.stop_token_ids
         # A stop token ends the request without adding its text; otherwise decode and look for stop strings.
-        if stop_token or self.detokenizer.update(t.detok, seq.output_token_ids):
+        # A guided request also ends once its grammar allows nothing but a stop token.
+        if (
+            stop_token
+            or self.detokenizer.update(t.detok, seq.output_token_ids)
+            or self.grammar.accept(t, token)
+        ):
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = FinishReason.LENGTH

@@ -1,0 +1,289 @@
+"""Structured outputs in the engine: each guided request's grammar, enforced on its own logits row.
+
+A request's `SamplingParams.guide` (a `loragate.guides.Guide`) is compiled by xgrammar into a grammar over
+the model's tokens, and the request gets its own `GrammarMatcher` (replayed over any resumed tokens).
+Every step, `mask` fills the next-token bitmasks of the batch's guided rows in one
+`BatchGrammarMatcher` call and sets every token the grammar forbids to -inf, before sampling; rows
+without a guide pay nothing, and a batch without one costs a list scan. `accept` advances a row's matcher
+by the token sampled and says when the guide is done: the grammar is complete and allows nothing but a
+stop token, so the request finishes (STOP) without spending a step on the EOS it would be forced to
+pick. A complete grammar that may still go on (`[0-9]+`) leaves the choice to the model: EOS then ends
+it like any request.
+
+What each kind compiles to (`loragate.guides` defines their values):
+- `json_schema`: xgrammar's JSON Schema grammar, compact — no whitespace between tokens (separators ","
+  and ":") so a weak model cannot loop forever on whitespace, and strict: properties and items the
+  schema does not name are not generated (the output still validates against the schema as given).
+- `regex`: the whole output matches it. `grammar`: xgrammar's EBNF, root rule `root`.
+- `choice`: an alternation of the exact strings (EBNF literals, escaped).
+- `tool_calls`: an xgrammar structural tag: per function a tag `begin + {"name":<name>,"arguments":` +
+  its compact parameters grammar + `}` + end`, so the name is a constant of its alternative; once, or
+  (parallel) one or more separated by "\\n".
+A guide that does not compile raises ValueError in `LLMEngine.add_request` (the service answers 400).
+
+xgrammar (it imports transformers: ~1 s) and its tokenizer tables (~0.4 s on a 49k vocabulary) load on
+the first guided request, not with the engine: most engines never see one. The tables cover the
+model's logits width (config `vocab_size`, which may exceed the tokenizer's), with the model's EOS ids as
+the stop tokens. Compiled grammars are cached (bounded) by the compiler, keyed by the guide's text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from loragate.guides import Guide, GuideKind
+from loragate.types import Request
+from worker.device import is_cuda
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+    from worker.engine_requests import Tracked
+
+log = logging.getLogger(__name__)
+
+COMPACT = (",", ":")  # JSON separators: no whitespace anywhere
+CACHE_BYTES = 256 << 20  # compiled grammars kept, at most: clients send arbitrary schemas
+# xgrammar's C++ errors start with "[hh:mm:ss] /project/cpp/file.cc:123: "; the rest is for the client.
+_CPP_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
+_BOUNDED_STRING_CHAR = r"[^\"\\\r\n]"  # as xgrammar prints it (see json_ebnf)
+_JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
+
+
+@dataclass
+class MaskStats:
+    """Time spent filling and applying masks (host side; on CUDA the apply is queued, not waited on)."""
+
+    seconds: float = 0.0
+    steps: int = 0  # steps with at least one guided row
+    rows: int = 0
+
+
+class GuidedDecoding:
+    """The engine's grammar side: compile guides, mask guided rows, advance their matchers."""
+
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...], device: str):
+        self.tokenizer_file = model_dir / "tokenizer.json"
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.device = device
+        self.stats = MaskStats()
+
+    # -- requests ---------------------------------------------------------------------------------
+    def start(self, request: Request) -> xgr.GrammarMatcher | None:
+        """The matcher for `request`'s guide, replayed over its resumed tokens; None without a guide.
+        Raises ValueError if the guide is not one or does not compile, or cannot be honoured."""
+        p = request.params
+        if not p.guide:
+            return None
+        guide = Guide.from_json(p.guide)
+        if p.ignore_eos:
+            # The matcher ends the output where the grammar does (EOS is then its only token): it cannot
+            # also be made to run on to max_tokens.
+            raise ValueError("ignore_eos cannot be combined with a structured-output guide")
+        matcher = self._xgr.GrammarMatcher(self._compile(guide))
+        for token in request.resume_token_ids:
+            if not matcher.accept_token(token):
+                raise ValueError("the resumed tokens do not follow the request's structured-output guide")
+        return matcher
+
+    def mask(self, logits: torch.Tensor, tracked: list[Tracked]) -> torch.Tensor:
+        """`logits` ([N, V], row i for tracked[i]) with every token the row's guide forbids set to -inf:
+        a copy when a row is guided (the raw logits stay for log-probabilities), else `logits` itself."""
+        rows = [i for i, t in enumerate(tracked) if t.matcher is not None]
+        if not rows:
+            return logits
+        start = time.perf_counter()
+        bitmask = self._bitmask(len(tracked))
+        matchers = [m for m in (tracked[i].matcher for i in rows) if m is not None]
+        self._batcher.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        bitmask = bitmask[: len(tracked)]
+        if bitmask.device != logits.device:
+            bitmask = bitmask.to(logits.device, non_blocking=True)
+        masked = logits.clone()
+        self._xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=logits.shape[-1], indices=rows)
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.steps += 1
+        self.stats.rows += len(rows)
+        return masked
+
+    def accept(self, t: Tracked, token: int) -> bool:
+        """Advance `t`'s matcher by `token`; True when its guide is done (the request should finish)."""
+        m = t.matcher
+        if m is None:
+            return False
+        if not m.accept_token(token):
+            # The mask allowed only tokens the grammar accepts: this is a bug, and the matcher cannot go on.
+            log.error("request %s: token %d broke its guide; finishing it", t.seq.request_id, token)
+            return True
+        return m.is_terminated() or (m.is_completed() and self._only_stop_left(m))
+
+    # -- internals --------------------------------------------------------------------------------
+    def _compile(self, guide: Guide) -> xgr.CompiledGrammar:
+        compiler = self._compiler
+        try:
+            match guide.kind:
+                case GuideKind.JSON_SCHEMA:
+                    schema = _expect_schema(guide.value, "json_schema guide")
+                    return compiler.compile_grammar(json_ebnf(schema, self._xgr))
+                case GuideKind.REGEX:
+                    return compiler.compile_regex(_expect_str(guide.value, "regex guide"))
+                case GuideKind.GRAMMAR:
+                    return compiler.compile_grammar(_expect_str(guide.value, "grammar guide"))
+                case GuideKind.CHOICE:
+                    return compiler.compile_grammar(choice_ebnf(guide.value))
+                case GuideKind.TOOL_CALLS:
+                    return compiler.compile_structural_tag(tool_calls_tag(guide.value, self._xgr))
+        except RuntimeError as e:  # xgrammar's errors (its own exception types are RuntimeErrors)
+            raise ValueError(
+                f"invalid {guide.kind.value} guide: {_CPP_PREFIX.sub('', str(e)).strip()}"
+            ) from e
+        raise ValueError(f"unknown guide kind {guide.kind!r}")
+
+    def _only_stop_left(self, m: xgr.GrammarMatcher) -> bool:
+        """True when the grammar allows nothing but a stop token next."""
+        row = self._scratch
+        m.fill_next_token_bitmask(row)
+        return not bool((row & self._non_stop).any())
+
+    def _bitmask(self, n: int) -> torch.Tensor:
+        if self._host_bitmask.shape[0] < n:
+            self._host_bitmask = self._allocate(n)
+        return self._host_bitmask
+
+    def _allocate(self, n: int) -> torch.Tensor:
+        bitmask = self._xgr.allocate_token_bitmask(max(n, 1), self.vocab_size)
+        # Pinned, so the copy to the device is asynchronous; it is done before the next fill, as each step
+        # waits for its sampled tokens.
+        return bitmask.pin_memory() if is_cuda(self.device) else bitmask
+
+    @cached_property
+    def _xgr(self) -> Any:
+        import xgrammar
+
+        return xgrammar
+
+    @cached_property
+    def _compiler(self) -> xgr.GrammarCompiler:
+        import transformers
+
+        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(self.tokenizer_file))
+        info = self._xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=self.vocab_size, stop_token_ids=list(self.eos_token_ids)
+        )
+        return self._xgr.GrammarCompiler(info, cache_limit_bytes=CACHE_BYTES)
+
+    @cached_property
+    def _batcher(self) -> xgr.BatchGrammarMatcher:
+        return self._xgr.BatchGrammarMatcher()
+
+    @cached_property
+    def _host_bitmask(self) -> torch.Tensor:
+        return self._allocate(1)
+
+    @cached_property
+    def _scratch(self) -> torch.Tensor:
+        return self._xgr.allocate_token_bitmask(1, self.vocab_size)[0]
+
+    @cached_property
+    def _non_stop(self) -> torch.Tensor:
+        """The bitmask of every real token but the stop tokens."""
+        allowed = torch.zeros(self._scratch.numel() * 32, dtype=torch.bool)
+        allowed[: self.vocab_size] = True
+        allowed[list(self.eos_token_ids)] = False
+        return pack_bits(allowed)
+
+
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """A bool vector (length a multiple of 32) as xgrammar's int32 bitmask: bit j of word w is token
+    32 * w + j."""
+    words = bits.view(-1, 32).to(torch.int64) << torch.arange(32, dtype=torch.int64)
+    packed = words.sum(dim=1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def choice_ebnf(value: Any) -> str:
+    """The EBNF of "exactly one of these strings"."""
+    if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
+        raise ValueError("a choice guide's value must be a non-empty list of strings")
+    return "root ::= " + " | ".join(ebnf_literal(s) for s in value)
+
+
+def ebnf_literal(s: str) -> str:
+    """`s` as an xgrammar EBNF string literal (quotes, backslashes and control characters escaped)."""
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")  # exactly 4 digits: \x would read on into following hex digits
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def json_ebnf(schema: str, xgr: Any) -> str:
+    r"""The EBNF of compact JSON valid for `schema` (JSON text).
+
+    xgrammar 0.2.8 lets a length-bounded string (`minLength` / `maxLength`) hold raw control characters,
+    which JSON forbids (json.loads refuses them): its characters rule is `[^\"\\\r\n]` where its free
+    strings use `[^\0-\x1f\"\\\r\n]`. The grammar's text is patched to the latter.
+    """
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=COMPACT)
+    return str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR)
+
+
+def tool_calls_tag(value: Any, xgr: Any) -> str:
+    """The structural tag (JSON text) of a `tool_calls` guide: see the module docstring."""
+    if not isinstance(value, dict):
+        raise ValueError("a tool_calls guide's value must be an object")
+    begin, end = (
+        _expect_str(value.get("begin"), "tool_calls begin"),
+        _expect_str(value.get("end"), "tool_calls end"),
+    )
+    calls = value.get("calls")
+    if not isinstance(calls, list) or not calls:
+        raise ValueError("a tool_calls guide needs a non-empty list of calls")
+    tags = []
+    for call in calls:
+        if not isinstance(call, dict):
+            raise ValueError("each tool call must be an object with a name and parameters")
+        name = _expect_str(call.get("name"), "tool call name")
+        schema = _expect_schema(call.get("parameters", {"type": "object"}), f"parameters of {name!r}")
+        tags.append(
+            {
+                "type": "tag",
+                "begin": begin + '{"name":' + json.dumps(name) + ',"arguments":',
+                "content": {"type": "grammar", "grammar": json_ebnf(schema, xgr)},
+                "end": "}" + end,
+            }
+        )
+    fmt = {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": "\n",
+        "at_least_one": True,
+        "stop_after_first": not value.get("parallel", False),
+    }
+    return json.dumps({"type": "structural_tag", "format": fmt})
+
+
+def _expect_str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string")
+    return value
+
+
+def _expect_schema(value: Any, what: str) -> str:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON Schema object")
+    return json.dumps(value)
