@@ -184,7 +184,7 @@ def test_one_mixed_batch_serves_each_request_its_own_guide(engine: LLMEngine) ->
     free = [
         guided(f"free-{i}", None, 100 + i, adapters[-1 - i], max_tokens=24, ignore_eos=True) for i in range(4)
     ]
-    steps = engine.grammar.stats.steps
+    steps = engine.grammar.stats.mask_steps
     done = {c.request_id: c for c in engine.generate(requests + free)}
     assert len({r.adapter for r in requests + free}) >= 8, "base and many adapters in the same steps"
     for r in requests:
@@ -197,13 +197,13 @@ def test_one_mixed_batch_serves_each_request_its_own_guide(engine: LLMEngine) ->
     for r in free:
         assert done[r.request_id].token_ids == alone[r.request_id].token_ids
         assert len(alone[r.request_id].token_ids) == 24
-    assert engine.grammar.stats.steps > steps
+    assert engine.grammar.stats.mask_steps > steps
 
 
 def test_unguided_steps_never_touch_the_grammar(engine: LLMEngine) -> None:
-    before = engine.grammar.stats.steps
+    before = engine.grammar.stats.mask_steps
     engine.generate([guided(f"plain{s}", None, s, max_tokens=8) for s in range(3)])
-    assert engine.grammar.stats.steps == before
+    assert engine.grammar.stats.mask_steps == before
 
 
 def test_resumed_tokens_are_replayed_into_the_matcher(engine: LLMEngine) -> None:
