@@ -14,7 +14,7 @@ batch fill over all guided rows, the copy and the apply), `accept_us_per_token` 
 not). The last line printed is one JSON object.
 
     python -m loadtest.bench_structured [--model smollm2|tiny] [--requests 32] [--max-tokens 128]
-        [--repeats 3] [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
+        [--repeats 3] [--threads N] [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
 """
 
 from __future__ import annotations
@@ -104,9 +104,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0: torch's default); 1 on a busy machine"
+    )
     add_device_args(parser)
     args = parser.parse_args(argv)
     device, dtype = device_args(parser, args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     engine = LLMEngine(checkpoint_dir(args.model), EngineConfig(device=device, dtype=dtype))
     requests = structured_requests(engine, args.requests, args.max_tokens)
 
@@ -122,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         free: list[float] = []
         mask_s, mask_steps, accept_s, accepted = 0.0, 0, 0.0, 0
         last: dict[str, list[int]] = {}
+        last_free: dict[str, list[int]] = {}
         for k in range(args.repeats):
             stats = replace(engine.grammar.stats)
             tok_s, last = run(engine, [replace(r, request_id=f"s{k}-{r.request_id}") for r in requests], bar)
@@ -131,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             mask_steps += now.mask_steps - stats.mask_steps
             accept_s += now.accept_seconds - stats.accept_seconds
             accepted += now.accepted - stats.accepted
-            free.append(run(engine, free_twins(requests, lengths, f"f{k}"), bar)[0])
+            tok_s, last_free = run(engine, free_twins(requests, lengths, f"f{k}"), bar)
+            free.append(tok_s)
 
     texts = {rid.split("-", 1)[1]: engine.tokenizer.decode(ids) for rid, ids in last.items()}
     valid = sum(_valid(texts[r.request_id], i) for i, r in enumerate(requests))
@@ -142,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "requests": args.requests,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
-        "output_tokens": sum(lengths.values()),
+        "output_tokens": sum(map(len, last.values())),
+        "free_output_tokens": sum(map(len, last_free.values())),
         "structured_tok_s": round(statistics.median(structured), 1),
         "free_tok_s": round(statistics.median(free), 1),
         "structured_vs_free": round(statistics.median(structured) / statistics.median(free), 3),

@@ -10,16 +10,8 @@ stop token, so the request finishes (STOP) without spending a step on the EOS it
 pick. A complete grammar that may still go on (`[0-9]+`) leaves the choice to the model: EOS then ends
 it like any request.
 
-What each kind compiles to (`loragate.guides` defines their values):
-- `json_schema`: xgrammar's JSON Schema grammar, compact — no whitespace between tokens (separators ","
-  and ":") so a weak model cannot loop forever on whitespace, and strict: properties and items the
-  schema does not name are not generated (the output still validates against the schema as given).
-- `regex`: the whole output matches it. `grammar`: xgrammar's EBNF, root rule `root`.
-- `choice`: an alternation of the exact strings (EBNF literals, escaped).
-- `tool_calls`: an xgrammar structural tag: per function a tag `begin + {"name":<name>,"arguments":` +
-  its compact parameters grammar + `}` + end`, so the name is a constant of its alternative; once, or
-  (parallel) one or more separated by "\\n".
-A guide that does not compile raises ValueError in `LLMEngine.add_request` (the service answers 400).
+What each kind compiles to, and which guides are refused: `worker.grammar_compile`. A guide that cannot
+be honoured raises ValueError in `LLMEngine.add_request` (the service answers 400).
 
 xgrammar (it imports transformers: ~1 s) and its tokenizer tables (~0.4 s on a 49k vocabulary) load on
 the first guided request, not with the engine: most engines never see one. The tables cover the
@@ -29,9 +21,7 @@ the stop tokens. Compiled grammars are cached (bounded) by the compiler, keyed b
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -41,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from loragate.guides import Guide, GuideKind
+from loragate.guides import Guide
 from loragate.types import Request
 from worker.device import is_cuda
+from worker.grammar_compile import compile_guide
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -52,12 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-COMPACT = (",", ":")  # JSON separators: no whitespace anywhere
 CACHE_BYTES = 256 << 20  # compiled grammars kept, at most: clients send arbitrary schemas
-# xgrammar's C++ errors start with "[hh:mm:ss] /project/cpp/file.cc:123: "; the rest is for the client.
-_CPP_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
-_BOUNDED_STRING_CHAR = r"[^\"\\\r\n]"  # as xgrammar prints it (see json_ebnf)
-_JSON_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
 
 
 @dataclass
@@ -93,7 +79,7 @@ class GuidedDecoding:
             # The matcher ends the output where the grammar does (EOS is then its only token): it cannot
             # also be made to run on to max_tokens.
             raise ValueError("ignore_eos cannot be combined with a structured-output guide")
-        matcher = self._xgr.GrammarMatcher(self._compile(guide))
+        matcher = self._xgr.GrammarMatcher(compile_guide(self._compiler, guide))
         for token in request.resume_token_ids:
             if not matcher.accept_token(token):
                 raise ValueError("the resumed tokens do not follow the request's structured-output guide")
@@ -139,27 +125,6 @@ class GuidedDecoding:
         return done
 
     # -- internals --------------------------------------------------------------------------------
-    def _compile(self, guide: Guide) -> xgr.CompiledGrammar:
-        compiler = self._compiler
-        try:
-            match guide.kind:
-                case GuideKind.JSON_SCHEMA:
-                    schema = _expect_schema(guide.value, "json_schema guide")
-                    return compiler.compile_grammar(json_ebnf(schema, self._xgr))
-                case GuideKind.REGEX:
-                    return compiler.compile_regex(_expect_str(guide.value, "regex guide"))
-                case GuideKind.GRAMMAR:
-                    return compiler.compile_grammar(_expect_str(guide.value, "grammar guide"))
-                case GuideKind.CHOICE:
-                    return compiler.compile_grammar(choice_ebnf(guide.value))
-                case GuideKind.TOOL_CALLS:
-                    return compiler.compile_structural_tag(tool_calls_tag(guide.value, self._xgr))
-        except RuntimeError as e:  # xgrammar's errors (its own exception types are RuntimeErrors)
-            raise ValueError(
-                f"invalid {guide.kind.value} guide: {_CPP_PREFIX.sub('', str(e)).strip()}"
-            ) from e
-        raise ValueError(f"unknown guide kind {guide.kind!r}")
-
     def _only_stop_left(self, m: xgr.GrammarMatcher) -> bool:
         """True when the grammar allows nothing but a stop token next."""
         row = self._scratch
@@ -234,81 +199,3 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     words = bits.view(-1, 32).to(torch.int64) << torch.arange(32, dtype=torch.int64)
     packed = words.sum(dim=1)
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-
-
-def choice_ebnf(value: Any) -> str:
-    """The EBNF of "exactly one of these strings"."""
-    if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
-        raise ValueError("a choice guide's value must be a non-empty list of strings")
-    return "root ::= " + " | ".join(ebnf_literal(s) for s in value)
-
-
-def ebnf_literal(s: str) -> str:
-    """`s` as an xgrammar EBNF string literal (quotes, backslashes and control characters escaped)."""
-    out = []
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")  # exactly 4 digits: \x would read on into following hex digits
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def json_ebnf(schema: str, xgr: Any) -> str:
-    r"""The EBNF of compact JSON valid for `schema` (JSON text).
-
-    xgrammar 0.2.8 lets a length-bounded string (`minLength` / `maxLength`) hold raw control characters,
-    which JSON forbids (json.loads refuses them): its characters rule is `[^\"\\\r\n]` where its free
-    strings use `[^\0-\x1f\"\\\r\n]`. The grammar's text is patched to the latter.
-    """
-    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=COMPACT)
-    return str(grammar).replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR)
-
-
-def tool_calls_tag(value: Any, xgr: Any) -> str:
-    """The structural tag (JSON text) of a `tool_calls` guide: see the module docstring."""
-    if not isinstance(value, dict):
-        raise ValueError("a tool_calls guide's value must be an object")
-    begin, end = (
-        _expect_str(value.get("begin"), "tool_calls begin"),
-        _expect_str(value.get("end"), "tool_calls end"),
-    )
-    calls = value.get("calls")
-    if not isinstance(calls, list) or not calls:
-        raise ValueError("a tool_calls guide needs a non-empty list of calls")
-    tags = []
-    for call in calls:
-        if not isinstance(call, dict):
-            raise ValueError("each tool call must be an object with a name and parameters")
-        name = _expect_str(call.get("name"), "tool call name")
-        schema = _expect_schema(call.get("parameters", {"type": "object"}), f"parameters of {name!r}")
-        tags.append(
-            {
-                "type": "tag",
-                "begin": begin + '{"name":' + json.dumps(name) + ',"arguments":',
-                "content": {"type": "grammar", "grammar": json_ebnf(schema, xgr)},
-                "end": "}" + end,
-            }
-        )
-    fmt = {
-        "type": "tags_with_separator",
-        "tags": tags,
-        "separator": "\n",
-        "at_least_one": True,
-        "stop_after_first": not value.get("parallel", False),
-    }
-    return json.dumps({"type": "structural_tag", "format": fmt})
-
-
-def _expect_str(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{what} must be a string")
-    return value
-
-
-def _expect_schema(value: Any, what: str) -> str:
-    if not isinstance(value, dict):
-        raise ValueError(f"{what} must be a JSON Schema object")
-    return json.dumps(value)

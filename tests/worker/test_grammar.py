@@ -17,7 +17,8 @@ from loragate.types import FinishReason, Request, SamplingParams
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
 from worker.engine_types import Completion
-from worker.grammar import choice_ebnf, ebnf_literal, pack_bits
+from worker.grammar import pack_bits
+from worker.grammar_compile import choice_ebnf, ebnf_literal
 from worker.modelzoo.make import ZooPaths
 
 PROFILE = {
@@ -272,3 +273,54 @@ def test_pack_bits_sets_token_bits_word_by_word() -> None:
     bits = torch.zeros(64, dtype=torch.bool)
     bits[[0, 31, 33]] = True
     assert pack_bits(bits).tolist() == [1 - 2**31, 2]
+
+
+# Per keyword xgrammar does not enforce: a schema using it, and a document that breaks it.
+UNENFORCED_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "not": ({"not": {"type": "integer"}}, "3"),
+    "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1,1]"),
+    "dependentRequired": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentRequired": {"a": ["b"]},
+        },
+        '{"a":1}',
+    ),
+    "dependentSchemas": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentSchemas": {"a": {"required": ["b"]}},
+        },
+        '{"a":1}',
+    ),
+    "allOf": ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "3"),
+}
+
+
+@pytest.mark.parametrize("keyword", list(UNENFORCED_CASES))
+def test_schemas_with_keywords_xgrammar_ignores_are_refused(engine: LLMEngine, keyword: str) -> None:
+    from xgrammar import Grammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    schema, breaking = UNENFORCED_CASES[keyword]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(breaking), schema)
+    # Why it is refused: xgrammar's grammar for it lets the breaking document through.
+    assert _is_grammar_accept_string(Grammar.from_json_schema(json.dumps(schema)), breaking)
+    nested = {"type": "object", "properties": {"x": {"anyOf": [schema]}}}
+    for s in (schema, nested):
+        with pytest.raises(ValueError, match=f"uses {keyword}, which the grammar engine cannot enforce"):
+            engine.add_request(Request("unenforced", (5, 6), SamplingParams(guide=Guide(JSON, s).to_json())))
+    assert not engine.has_work()
+
+
+def test_keywords_are_told_from_property_names_and_values(engine: LLMEngine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"not": {"enum": [{"uniqueItems": True}]}, "allOf": {"const": "x"}},
+        "required": ["not", "allOf"],
+    }
+    [done] = engine.generate([guided("names", Guide(JSON, schema), 1)])
+    assert json.loads(done.text) == {"not": {"uniqueItems": True}, "allOf": "x"}
