@@ -5,13 +5,14 @@ One engine, one batch of `--requests` requests (prompts asking for the four JSON
 interleaved (structured, free, structured, free, ...) after an untimed warm-up of both:
   - structured: every request carries its `json_schema` guide (compact JSON, enforced by xgrammar);
   - free: the same prompts without a guide, each capped (`max_tokens`, EOS ignored) at the number of
-    tokens its structured twin decoded in the warm-up. Both runs thus decode the same tokens per request
-    with the same batch occupancy step by step, and their tokens/s differ only by what the grammar costs.
-Sampling is greedy, so each repeat decodes the same tokens. `structured_vs_free` is the ratio of the
+    tokens its structured twin decoded in the warm-up. Both runs thus decode as many tokens per request,
+    with the same batch occupancy step by step: their tokens/s differ only by what the grammar costs.
+Sampling is greedy, so every repeat decodes the same tokens. `structured_vs_free` is the ratio of the
 medians over the repeats (target >= 0.8); `mask_us_per_step` is the host time of one step's mask (one
-batch fill over all guided rows, the copy and the apply), `accept_us_per_token` of advancing one matcher.
-`valid` is the share of structured outputs that parse and validate (those cut at `--max-tokens` do
-not). The last line printed is one JSON object.
+batch fill over all guided rows, then the apply), `accept_us_per_token` of advancing one matcher.
+`finished` is the share of structured outputs that ended before `--max-tokens` (the rest are cut
+mid-document), `valid_of_finished` the share of those that parse and validate against their schema.
+The last line printed is one JSON object.
 
     python -m loadtest.bench_structured [--model smollm2|tiny] [--requests 32] [--max-tokens 128]
         [--repeats 3] [--threads N] [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
@@ -140,8 +141,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             tok_s, last_free = run(engine, free_twins(requests, lengths, f"f{k}"), bar)
             free.append(tok_s)
 
-    texts = {rid.split("-", 1)[1]: engine.tokenizer.decode(ids) for rid, ids in last.items()}
-    valid = sum(_valid(texts[r.request_id], i) for i, r in enumerate(requests))
+    outputs = {rid.split("-", 1)[1]: ids for rid, ids in last.items()}
+    finished = [(i, r) for i, r in enumerate(requests) if len(outputs[r.request_id]) < args.max_tokens]
+    valid = sum(_valid(engine.tokenizer.decode(outputs[r.request_id]), i) for i, r in finished)
     result = {
         "model": args.model,
         "device": device,
@@ -156,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "structured_vs_free": round(statistics.median(structured) / statistics.median(free), 3),
         "mask_us_per_step": round(mask_s / max(1, mask_steps) * 1e6, 1),
         "accept_us_per_token": round(accept_s / max(1, accepted) * 1e6, 2),
-        "valid": round(valid / len(requests), 3),
+        "finished": round(len(finished) / len(requests), 3),
+        "valid_of_finished": round(valid / max(1, len(finished)), 3),
         "threads": torch.get_num_threads(),
     }
     print(json.dumps(result))

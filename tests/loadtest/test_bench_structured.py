@@ -20,4 +20,4 @@ def test_bench_structured_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         result["structured_tok_s"] / result["free_tok_s"], rel=0.01
     )
     assert result["mask_us_per_step"] > 0 and result["accept_us_per_token"] > 0
-    assert 0 <= result["valid"] <= 1
+    assert 0 <= result["finished"] <= 1 and 0 <= result["valid_of_finished"] <= 1
