@@ -9,7 +9,10 @@ default), then advances each matcher by its document's next token. Timed per ste
   - `xgrammar_serial_us` / `xgrammar_batch_us`: `GrammarMatcher.fill_next_token_bitmask` one by one, and
     `BatchGrammarMatcher.batch_fill_next_token_bitmask` (its thread pool);
 plus each engine's compile time for the four schemas (cold) and the cost of applying the masks to the
-`[32, V]` logits. The last line printed is one JSON object.
+`[32, V]` logits on the CPU: llguidance's torch code (`apply_mask_us`, random masks), and on each step's
+real masks xgrammar's CPU kernel (`xgrammar_apply_cpu_us`, with a copy of the logits) and the worker's
+numpy + `torch.where` (`xgrammar_worker_apply_us`, `worker.grammar`). The last line printed is one JSON
+object.
 
     python -m loadtest.bench_grammar [--model smollm2|tiny] [--batch 32] [--steps 48]
 """
@@ -164,6 +167,7 @@ def bench_xgrammar(tokenizer_dir: Path, vocab: int, docs: list[list[int]], batch
     mask = xgr.allocate_token_bitmask(batch, vocab)
     serial: list[float] = []
     batched: list[float] = []
+    applied: list[tuple[float, float]] = []
     for rnd in range(2):
         matchers = [xgr.GrammarMatcher(compiled[i % len(compiled)]) for i in range(batch)]
         for step in range(max(len(d) for d in docs)):
@@ -179,15 +183,33 @@ def bench_xgrammar(tokenizer_dir: Path, vocab: int, docs: list[list[int]], batch
             if rnd and len(live) == batch:
                 serial.append(t_serial)
                 batched.append(t_batch)
+            if rnd and len(live) == batch:
+                applied.append(_apply_costs(mask, vocab))
             for i in live:
                 assert matchers[i].accept_token(docs[i % len(docs)][step])
     return {
+        "apply_cpu_us": round(statistics.median(a for a, _ in applied), 1),
+        "worker_apply_us": round(statistics.median(w for _, w in applied), 1),
         "tokenizer_s": round(tokenizer_s, 3),
         "compile_ms": round(compile_s * 1e3, 2),
         "serial_us": round(statistics.median(serial), 1),
         "batch_us": round(statistics.median(batched), 1),
         "steps": len(serial),
     }
+
+
+def _apply_costs(mask: torch.Tensor, vocab: int) -> tuple[float, float]:
+    """This step's real masks applied to `[batch, V]` logits on the CPU: by xgrammar's CPU kernel, and by
+    the worker's (`worker.grammar`)."""
+    import xgrammar as xgr
+
+    from worker.grammar import _apply_on_host
+
+    logits = torch.randn(mask.shape[0], vocab)
+    rows = list(range(mask.shape[0]))
+    kernel = _timed(lambda: xgr.apply_token_bitmask_inplace(logits.clone(), mask, vocab_size=vocab))
+    worker = _timed(lambda: _apply_on_host(logits, mask, rows))
+    return kernel, worker
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

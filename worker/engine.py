@@ -29,6 +29,7 @@ from worker.device import is_cuda
 from worker.engine_events import EngineEvents
 from worker.engine_requests import Tracked, check_request, request_output, track
 from worker.engine_types import Completion, EngineInfo, EngineSnapshot, EngineStats
+from worker.grammar import GuidedDecoding
 from worker.kv_cache import KVCache, bytes_per_block
 from worker.loader import load_weights
 from worker.logits_processors import process_logits
@@ -78,6 +79,7 @@ class LLMEngine:
             self.adapters.register(name, Path(path))
         self.sampler = Sampler()
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.grammar = GuidedDecoding(self.model_dir, cfg.vocab_size, cfg.eos_token_ids, config.device)
         self.requests: dict[str, Tracked] = {}
         self.aborted: list[Tracked] = []
         self.stats = EngineStats()
@@ -102,7 +104,10 @@ class LLMEngine:
             if not self.adapters.known(request.adapter):
                 raise ValueError(f"unknown adapter {request.adapter!r}")
             self.adapters.ensure_host(request.adapter)  # reads and validates now, not mid-step
-        tracked = self.requests[request.request_id] = track(request, self.detokenizer, self.config.device)
+        matcher = self.grammar.start(request)  # compiles its guide, if any (ValueError if it cannot)
+        tracked = self.requests[request.request_id] = track(
+            request, self.detokenizer, self.config.device, matcher
+        )
         self.scheduler.add(tracked.seq)
 
     def abort(self, request_id: str) -> bool:
@@ -142,7 +147,10 @@ class LLMEngine:
         logits = self.runner.forward(batch, lora)  # sampled rows, then prompt-logprob rows
         tracked = [self.requests[s.request_id] for s in sampled_seqs]
         raw = logits[: len(sampled_seqs)]
-        processed = process_logits(raw, sampled_seqs, self.model_config.eos_token_ids)
+        # Penalties and bias first, then the guides' masks (a bias cannot lift a token a grammar forbids).
+        processed = self.grammar.mask(
+            process_logits(raw, sampled_seqs, self.model_config.eos_token_ids), tracked
+        )
         tokens = self.sampler.select(
             processed, [s.request.params for s in sampled_seqs], [t.generator for t in tracked]
         )
@@ -270,7 +278,12 @@ class LLMEngine:
         # Before min_tokens no stop string ends the request (vLLM's rule; stop tokens cannot be sampled).
         stops = seq.num_output_tokens >= p.min_tokens
         # A stop token ends the request without adding its text; otherwise decode and look for stop strings.
-        if stop_token or self.detokenizer.update(t.detok, seq.output_token_ids, stops):
+        # A guided request also ends once its grammar allows nothing but a stop token.
+        if (
+            stop_token
+            or self.detokenizer.update(t.detok, seq.output_token_ids, stops)
+            or self.grammar.accept(t, token)
+        ):
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = FinishReason.LENGTH

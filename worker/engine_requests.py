@@ -6,15 +6,17 @@ empty prompt, token ids outside the vocabulary (in the prompt, `stop_token_ids` 
 resumed tokens that already reach `max_tokens`, or a prompt plus `max_tokens` beyond the context length
 or the whole KV pool. `track` makes the engine's state
 for an accepted request (`Tracked`): its sequence, its sampling generator (seeded from the request's seed,
-else at random; none when greedy) and its incremental detokenizer, replayed over any resumed tokens so the
-text continues right after what the client already has; and its prompt logprobs as they are computed,
-until they go out with its first output. `request_output` is one step's report on it.
+else at random; none when greedy), its incremental detokenizer, replayed over any resumed tokens so the
+text continues right after what the client already has, its guide's grammar matcher if it has one, and
+its prompt logprobs as they are computed, until they go out with its first output. `request_output` is
+one step's report on it.
 """
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,12 +26,16 @@ from worker.engine_types import EngineInfo
 from worker.sampler import generator_seed
 from worker.sequence import Sequence
 
+if TYPE_CHECKING:
+    from xgrammar import GrammarMatcher
+
 
 @dataclass
 class Tracked:
     seq: Sequence
     detok: DetokenizerState
     generator: torch.Generator | None
+    matcher: GrammarMatcher | None = None  # its structured-output guide's state (worker.grammar)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
 
@@ -60,8 +66,13 @@ def check_request(request: Request, info: EngineInfo, kv_blocks: int) -> None:
         )
 
 
-def track(request: Request, detokenizer: IncrementalDetokenizer, device: str) -> Tracked:
-    """The engine's state for a request it accepted."""
+def track(
+    request: Request,
+    detokenizer: IncrementalDetokenizer,
+    device: str,
+    matcher: GrammarMatcher | None = None,
+) -> Tracked:
+    """The engine's state for a request it accepted (`matcher`: its guide's, from `worker.grammar`)."""
     p = request.params
     generator = None
     if not p.greedy:
@@ -73,7 +84,7 @@ def track(request: Request, detokenizer: IncrementalDetokenizer, device: str) ->
         for n in range(1, len(request.resume_token_ids) + 1):
             detokenizer.update(detok, list(request.resume_token_ids[:n]))
         detok.emitted = min(len(request.resume_text), len(detok.text))
-    return Tracked(Sequence.from_request(request), detok, generator)
+    return Tracked(Sequence.from_request(request), detok, generator, matcher)
 
 
 def request_output(

@@ -122,16 +122,19 @@ def test_requests_stream_out_and_are_acked_after_the_last_event(zoo: ZooPaths, c
     assert client.get(contracts.worker_state("w1")) is None
 
 
-def test_bad_adapter_and_deadline_become_error_events(zoo: ZooPaths, client: redis.Redis) -> None:
+def test_bad_adapter_guide_and_deadline_become_error_events(zoo: ZooPaths, client: redis.Redis) -> None:
     bad = AdapterRecord("broken", "tiny", "/nonexistent/adapter")
     client.hset(contracts.ADAPTERS, bad.key, bad.to_json())
     with start(zoo, client):
         enqueue(client, QueuedRequest("bad", "tiny", prompt(1), SamplingParams(), adapter="tiny:broken"))
         enqueue(client, QueuedRequest("nope", "tiny", prompt(1), SamplingParams(), adapter="tiny:missing"))
         enqueue(client, QueuedRequest("late", "tiny", prompt(1), SamplingParams(), deadline=time.time() - 1))
-        for rid, status in (("bad", 400), ("nope", 400), ("late", 504)):
+        guide = SamplingParams(guide='{"type":"regex","value":"(ab"}')
+        enqueue(client, QueuedRequest("guide", "tiny", prompt(1), guide))
+        for rid, status in (("bad", 400), ("nope", 400), ("late", 504), ("guide", 400)):
             [event] = collect(client, rid)
             assert event.error is not None and event.error["status"] == status, rid
+        assert "invalid regex guide" in event.error["message"]
 
 
 def test_cancel_aborts_a_running_request(zoo: ZooPaths, client: redis.Redis) -> None:
