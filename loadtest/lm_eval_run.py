@@ -5,8 +5,8 @@ package registries): `lg_mc`, 40 four-way multiple-choice questions (capitals, o
 log-likelihood — lm-eval sends each batch of `--batch-size` prompts as one `/v1/completions` request with
 token-id prompts, `echo: true`, `logprobs: 1`, `max_tokens: 1`, and reads the prompt tokens' logprobs —
 and `lg_gen`, 20 capital-city questions answered by greedy generation (`generate_until`, batched the same
-way, stopping at a newline or period), scored by exact match. The last line printed is one JSON object:
-per task its accuracy, and the wall time.
+way, stopping at a newline or period, after two worked examples), scored by exact match. The last line
+printed is one JSON object: per task its accuracy, and the wall time.
 
     python -m loadtest.lm_eval_run [--base-url URL --api-key KEY] [--model smollm2] [--tokenizer DIR]
         [--batch-size 4] [--limit N]
@@ -51,7 +51,7 @@ dataset_kwargs:
     test: {data}
 test_split: test
 output_type: generate_until
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_text: "{shots}Question: {{{{question}}}}\\nAnswer:"
 doc_to_target: "{{{{answer}}}}"
 generation_kwargs:
   until: ["\\n", "."]
@@ -68,10 +68,18 @@ metric_list:
 """
 
 
+# Two worked examples (countries not in the data) before each generation question: zero-shot, a small
+# instruct model answers with a newline first, which ends the generation at once.
+SHOTS = (
+    "Question: What is the capital of Belgium?\\nAnswer: Brussels\\n\\n"
+    "Question: What is the capital of Chile?\\nAnswer: Santiago\\n\\n"
+)
+
+
 def write_tasks(directory: Path) -> None:
     """The two task configs, pointing at the shipped data by absolute path."""
     (directory / "lg_mc.yaml").write_text(MC_TASK.format(data=TASKS_DIR / "mc.jsonl"))
-    (directory / "lg_gen.yaml").write_text(GEN_TASK.format(data=TASKS_DIR / "gen.jsonl"))
+    (directory / "lg_gen.yaml").write_text(GEN_TASK.format(data=TASKS_DIR / "gen.jsonl", shots=SHOTS))
 
 
 def run(
