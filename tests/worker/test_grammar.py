@@ -324,3 +324,23 @@ def test_keywords_are_told_from_property_names_and_values(engine: LLMEngine) -> 
     }
     [done] = engine.generate([guided("names", Guide(JSON, schema), 1)])
     assert json.loads(done.text) == {"not": {"uniqueItems": True}, "allOf": "x"}
+
+
+def test_a_guided_request_reports_the_models_own_logprobs_not_the_masked_ones(engine: LLMEngine) -> None:
+    """The grammar shapes what is sampled, not what is reported: the first token's top log-probabilities of a
+    guided request equal those of the same prompt unguided (raw log-softmax), though the mask forbids most
+    of those tokens, and the sampled token is one the guide allows."""
+    prompt = tuple(range(11, 30))
+    guide = Guide(GuideKind.CHOICE, ["yes", "no"])
+    outputs: dict[str, Any] = {}
+    for name, g in (("free", ""), ("forced", guide.to_json())):
+        engine.add_request(Request(f"lp2-{name}", prompt, SamplingParams(max_tokens=1, logprobs=5, guide=g)))
+    while engine.has_work():
+        for out in engine.step():
+            if out.logprobs:
+                outputs[out.request_id] = out.logprobs[0]
+    free_lp, forced_lp = outputs["lp2-free"], outputs["lp2-forced"]
+    assert [t for t, _ in forced_lp.top] == [t for t, _ in free_lp.top]
+    assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(forced_lp.top, free_lp.top, strict=True))
+    allowed = {engine.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in ("yes", "no")}
+    assert forced_lp.token_id in allowed and len({t for t, _ in free_lp.top} - allowed) >= 3
