@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -73,13 +74,16 @@ def smol(
         yield stack
 
 
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=KEY, max_retries=0, timeout=180)
+@pytest.fixture(scope="module")
+def oai(smol: Stack) -> Iterator[openai.OpenAI]:
+    """One client for the module, closed at its end (no socket left for the garbage collector to find)."""
+    with openai.OpenAI(base_url=f"{smol.url}/v1", api_key=KEY, max_retries=0, timeout=180) as c:
+        yield c
 
 
 @pytest.mark.parametrize("model", ["smollm2", "smollm2:signoff"])
-def test_openai_parse_gives_a_validated_pydantic_object(smol: Stack, model: str) -> None:
-    reply = client(smol).chat.completions.parse(
+def test_openai_parse_gives_a_validated_pydantic_object(oai: Any, model: str) -> None:
+    reply = oai.chat.completions.parse(
         model=model,
         messages=[{"role": "user", "content": "Give the weather in Paris as JSON."}],
         response_format=Weather,
@@ -100,8 +104,8 @@ def _first_call(reply: Any) -> Any:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_openai_tool_call_round_trip(smol: Stack, stream: bool) -> None:
-    c = client(smol)
+def test_openai_tool_call_round_trip(oai: Any, stream: bool) -> None:
+    c = oai
     ask: dict[str, Any] = {
         "model": "smollm2",
         "messages": QUESTION,
@@ -138,8 +142,8 @@ def test_openai_tool_call_round_trip(smol: Stack, stream: bool) -> None:
     assert answer.message.content or answer.message.tool_calls
 
 
-def test_openai_required_tool_choice_with_parallel_calls(smol: Stack) -> None:
-    reply = client(smol).chat.completions.create(
+def test_openai_required_tool_choice_with_parallel_calls(oai: Any) -> None:
+    reply = oai.chat.completions.create(
         model="smollm2",
         messages=[{"role": "user", "content": "Weather in Paris and the time in CET, please."}],
         tools=[WEATHER_TOOL, TIME_TOOL],
@@ -161,9 +165,8 @@ def test_langchain_structured_output_and_bound_tools(smol: Stack) -> None:
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(
-        model="smollm2", base_url=f"{smol.url}/v1", api_key=KEY, temperature=0, max_tokens=80, max_retries=0
-    )
+    settings: dict[str, Any] = {"base_url": f"{smol.url}/v1", "api_key": KEY, "max_tokens": 80}
+    llm = ChatOpenAI(model="smollm2", temperature=0, max_retries=0, **settings)
     weather = llm.with_structured_output(Weather, method="json_schema").invoke("The weather in Oslo as JSON.")
     assert isinstance(weather, Weather)
 
@@ -173,6 +176,7 @@ def test_langchain_structured_output_and_bound_tools(smol: Stack) -> None:
         return f"21 degrees in {city}"
 
     message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Rome?")
+    llm.root_client.close()
     (call,) = message.tool_calls
     assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
 
@@ -216,3 +220,53 @@ def test_lm_eval_multiple_choice_and_batched_generation(smol: Stack, smollm2: Pa
     assert report["mc_n"] == 8 and report["gen_n"] == 8 and report["batch_size"] == 4
     # The first eight documents are capital cities, which SmolLM2 knows: well above chance (25%, 0%).
     assert report["mc_acc"] >= 0.5 and report["gen_exact_match"] >= 0.5, report
+
+
+def test_streamed_json_schema_and_vllm_guides_through_extra_body(oai: Any) -> None:
+    c = oai
+    schema = {"name": "weather", "schema": Weather.model_json_schema(), "strict": True}
+    stream = c.chat.completions.create(
+        model="smollm2:signoff",  # an adapter: the guide applies to whatever model the request runs on
+        messages=[{"role": "user", "content": "The weather in Lima as JSON."}],
+        response_format={"type": "json_schema", "json_schema": schema},
+        stream=True,
+        max_tokens=80,
+        temperature=0,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    Weather.model_validate_json(text)
+    year = c.completions.create(
+        model="smollm2",
+        prompt="The first moon landing was in the year",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"guided_regex": r" (19|20)[0-9]{2}"},
+    )
+    assert re.fullmatch(r" (19|20)[0-9]{2}", year.choices[0].text), year
+    mood = c.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "I love this phone! Is the review positive or negative?"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"guided_choice": ["positive", "negative"]},
+    )
+    assert mood.choices[0].message.content in ("positive", "negative"), mood
+
+
+def test_chat_logprobs_through_the_openai_client(oai: Any) -> None:
+    reply = oai.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    choice = reply.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    assert reply.usage is not None and len(choice.logprobs.content) == reply.usage.completion_tokens
+    for item in choice.logprobs.content:
+        tops = [t.logprob for t in item.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and item.logprob <= 0
+        assert item.token == item.top_logprobs[0].token  # greedy: the chosen token is the most likely
+    assert "".join(i.token for i in choice.logprobs.content) == choice.message.content
