@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message
 
+from gateway.choice_render import ChoiceRenderer
 from gateway.context import GatewayContext
 from gateway.errors import APIError
 from gateway.pipeline.choices import ChoicePlan, choice_seed, plan_choices, prompt_items
@@ -235,6 +236,25 @@ def test_a_later_failure_in_a_stream_is_an_error_chunk_and_cancels_the_others(
         }
         assert not any("usage" in json.loads(e) for e in events[:-1])
         assert plans[0].job.qid not in await queued(ctx) and outstanding(ctx) == 0  # choice 0 cancelled
+
+    live(zoo, redis_url, body)
+
+
+def test_an_unexpected_error_in_a_stream_is_an_error_chunk_and_cancels_every_choice(
+    redis_url: str, zoo: ZooPaths
+) -> None:
+    async def body(ctx: GatewayContext) -> None:
+        plans, response = start(ctx, Client(), stream=True, n=2)
+        await until_queued(ctx, 1)
+        await put(ctx.redis, plans[0].job.qid, token("a"))
+        await until_queued(ctx, 2)
+        got = await response
+        assert isinstance(got, EventStreamResponse)
+        with mock.patch.object(ChoiceRenderer, "feed", side_effect=RuntimeError("bug")):
+            text = "".join([p async for p in got.chunks])
+        events = [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "server_error"
+        assert await queued(ctx) == {} and outstanding(ctx) == 0  # both choices cancelled
 
     live(zoo, redis_url, body)
 
