@@ -50,6 +50,9 @@ PARSE_ERRORS = [
     pytest.param({"stop": ["a", ""]}, False, "stop", "non-empty", id="an empty stop in a list"),
     pytest.param({"stop": ["a", 1]}, False, "stop", "list of non-empty strings", id="a stop not a string"),
     pytest.param({"stop": ""}, False, "stop", "must not be empty", id="empty stop string"),
+    pytest.param({"stop": [f"s{i}" for i in range(257)]}, False, "stop", "at most 256", id="257 stops"),
+    pytest.param({"stop": ["x" * 257]}, True, "stop", "256 characters", id="a stop of 257 characters"),
+    pytest.param({"stop": "x" * 257}, False, "stop", "256 characters", id="a stop string of 257"),
     pytest.param({"max_tokens": 0}, False, "max_tokens", "between 1 and", id="max_tokens zero"),
     pytest.param({"max_tokens": 1.5}, False, "max_tokens", "integer", id="max_tokens a float"),
     pytest.param({"max_tokens": True}, False, "max_tokens", "integer", id="max_tokens a boolean"),
@@ -148,6 +151,13 @@ def test_parse_common_reads_every_field() -> None:
         pytest.param({"stop": None}, False, (), id="null stop"),
         pytest.param({"stop": []}, False, (), id="empty stop list"),
         pytest.param({"stop": list("abcdefgh")}, False, tuple("abcdefgh"), id="more than four stops"),
+        pytest.param({"stop": list("abab")}, False, ("a", "b"), id="duplicates count once"),
+        pytest.param(
+            {"stop": [f"{i:0256d}" for i in range(256)] * 2},
+            False,
+            tuple(f"{i:0256d}" for i in range(256)),
+            id="256 stops of 256 characters",
+        ),
     ],
 )
 def test_stop_forms(body: dict[str, Any], chat: bool, expected: tuple[str, ...]) -> None:
@@ -386,6 +396,18 @@ SAMPLING_VALID = [
     ),
     pytest.param({"logit_bias": {}}, True, {"logit_bias": ()}, id="empty logit_bias"),
     pytest.param({"stop_token_ids": [2, 9]}, False, {"stop_token_ids": (2, 9)}, id="stop_token_ids"),
+    pytest.param(
+        {"stop_token_ids": [2, 9, 2] + list(range(256)) * 3},
+        False,
+        {"stop_token_ids": (2, 9, *(i for i in range(256) if i not in (2, 9)))},
+        id="stop_token_ids: 256 distinct, duplicates count once",
+    ),
+    pytest.param(
+        {"logit_bias": {str(i): 1 for i in range(300)}},
+        True,
+        {"logit_bias": tuple((i, 1.0) for i in range(300))},
+        id="300 biases",
+    ),
     pytest.param({"logprobs": True}, True, {"logprobs": 0}, id="chat logprobs"),
     pytest.param({"logprobs": True, "top_logprobs": 20}, True, {"logprobs": 20}, id="chat top_logprobs 20"),
     pytest.param({"logprobs": False}, True, {}, id="chat logprobs off"),
@@ -465,6 +487,12 @@ SAMPLING_ERRORS = [
         {"stop_token_ids": [-1]}, False, "stop_token_ids", "list of token ids", id="stop id negative"
     ),
     pytest.param({"stop_token_ids": [True]}, False, "stop_token_ids", "list of token ids", id="stop id bool"),
+    pytest.param(
+        {"stop_token_ids": list(range(257))}, False, "stop_token_ids", "at most 256", id="257 stop ids"
+    ),
+    pytest.param(
+        {"logit_bias": {str(i): 1 for i in range(301)}}, True, "logit_bias", "at most 300", id="301 biases"
+    ),
     pytest.param({"logprobs": 1}, True, "logprobs", "boolean", id="chat logprobs a number"),
     pytest.param({"top_logprobs": 3}, True, "top_logprobs", "needs 'logprobs'", id="top without logprobs"),
     pytest.param(
