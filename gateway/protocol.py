@@ -1,8 +1,9 @@
 """OpenAI request parsing and response shapes for `/v1/completions` and `/v1/chat/completions`.
 
 Validation errors name the offending parameter (`param`) and say what is allowed. Unsupported features
-that would change results (insertion, predicted outputs, audio, best_of, legacy `functions`) are refused
-rather than silently ignored. An explicit `null` means "not given", as OpenAI's clients send it.
+that would change results (insertion, predicted outputs, audio, best_of, legacy `functions`, vLLM's
+extras this server lacks: `gateway.refused`) are refused rather than silently ignored. An explicit `null`
+means "not given", as OpenAI's clients send it.
 Structured outputs are read by `gateway.structured`, tools by `gateway.tools`; the parameters and their
 ranges are listed in docs/API.md.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from gateway.chat_input import chat_messages as chat_messages  # re-exported: callers read it here
 from gateway.errors import bad_request
+from gateway.refused import refuse_unsupported
 from gateway.structured import request_guide
 from gateway.tools import ToolRequest, parse_tools
 from loragate.guides import Guide
@@ -67,31 +69,9 @@ def _bool(body: dict[str, Any], name: str) -> bool:
     return bool(value)
 
 
-# Fields that would change the result, refused unless absent, null or one of their neutral values.
-_REFUSED: dict[str, tuple[Any, ...]] = {
-    "suffix": ("",),  # insertion
-    "prediction": (),
-    "audio": (),
-    "modalities": (["text"],),
-    "web_search_options": (),
-    "best_of": (1,),
-    "functions": ([],),  # the legacy form of tools: use `tools`
-    "function_call": ("none",),
-}
-
-
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    for name, neutral in _REFUSED.items():
-        value = body.get(name)
-        if value is not None and value not in neutral:
-            shown = value.get("type", value) if isinstance(value, dict) else value
-            shown = shown if isinstance(shown, str | int) else type(shown).__name__
-            raise bad_request(f"'{name}' {shown!r} is not supported by this server.", param=name)
-
-
 def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
     _int(body, "n", 1, 1, MAX_N)  # choices per prompt (`gateway.pipeline.choices`)
-    _refuse_unsupported(body)
+    refuse_unsupported(body, chat)
     stream = _bool(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):

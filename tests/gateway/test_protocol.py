@@ -623,3 +623,78 @@ def test_chat_messages_keep_tool_calls_and_results() -> None:
         },
         {"role": "tool", "content": "ok", "name": "g"},
     ]
+
+
+# --- vLLM / OpenAI fields this server cannot honour: refused unless neutral, never ignored ---------------
+
+# (name, a value that would change the result, a neutral value or None, the endpoints it applies to)
+NOT_HONOURED = [
+    ("allowed_token_ids", [1, 2], None, (True, False)),
+    ("bad_words", ["x"], [], (True, False)),
+    ("include_stop_str_in_output", True, False, (True, False)),
+    ("prompt_logprobs", 1, None, (True, False)),
+    ("top_logprobs", 2, None, (False,)),
+    ("use_beam_search", True, False, (True, False)),
+    ("length_penalty", 0.5, 1, (True, False)),
+    ("early_stopping", True, False, (True, False)),
+    ("truncate_prompt_tokens", 10, None, (True, False)),
+    ("skip_special_tokens", False, True, (True, False)),
+    ("spaces_between_special_tokens", False, True, (True, False)),
+    ("logits_processors", ["x"], [], (True, False)),
+    ("return_tokens_as_token_ids", True, False, (True, False)),
+    ("return_token_ids", True, False, (True, False)),
+    ("priority", 1, 0, (True, False)),
+    ("vllm_xargs", {"a": 1}, {}, (True, False)),
+    ("guided_whitespace_pattern", " ", None, (True, False)),
+    ("guided_decoding_backend", "outlines", "xgrammar", (True, False)),
+    ("chat_template", "{{ x }}", None, (True, False)),
+    ("chat_template_kwargs", {"enable_thinking": False}, {}, (True, False)),
+    ("continue_final_message", True, False, (True, False)),
+    ("add_generation_prompt", False, True, (True, False)),
+    ("add_special_tokens", True, False, (True, False)),
+    ("documents", [{"text": "d"}], [], (True, False)),
+    ("mm_processor_kwargs", {"a": 1}, {}, (True, False)),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "chat"),
+    [
+        pytest.param(n, v, chat, id=f"{n} on {'chat' if chat else 'completions'}")
+        for n, v, _, on in NOT_HONOURED
+        for chat in on
+    ],
+)
+def test_a_field_not_honoured_is_refused(name: str, value: Any, chat: bool) -> None:
+    body = {"model": "m", name: value, **({"logprobs": True} if name == "top_logprobs" and chat else {})}
+    error = _refused(parse_common, body, chat)
+    assert error.param == name and "not supported" in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    ("name", "neutral"),
+    [pytest.param(n, neutral, id=n) for n, _, neutral, _ in NOT_HONOURED if neutral is not None],
+)
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_a_neutral_value_of_a_field_not_honoured_is_accepted(name: str, neutral: Any, chat: bool) -> None:
+    assert parse_common({"model": "m", name: neutral}, chat) == parse_common({"model": "m"}, chat)
+
+
+@pytest.mark.parametrize(("name", "value"), [("priority", False), ("length_penalty", True)])
+def test_a_boolean_is_not_a_neutral_number(name: str, value: bool) -> None:
+    assert _refused(parse_common, {"model": "m", name: value}, True).param == name
+
+
+def test_harmless_extras_clients_send_still_pass() -> None:
+    extras = {
+        "store": False,
+        "metadata": {"k": "v"},
+        "service_tier": "auto",
+        "prompt_cache_key": "k",
+        "reasoning_effort": "low",
+        "safety_identifier": "u",
+        "request_id": "r",
+        "cache_salt": "s",
+    }
+    for chat in (True, False):
+        assert parse_common({"model": "m", **extras}, chat) == parse_common({"model": "m"}, chat)
