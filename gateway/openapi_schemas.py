@@ -341,6 +341,8 @@ def choices_schemas(found: dict[str, Any]) -> dict[str, Any]:
                 {
                     "model": model,
                     "messages": message,
+                    "tools": found["ChatCompletionRequest"]["properties"]["tools"],
+                    "tool_choice": found["ChatCompletionRequest"]["properties"]["tool_choice"],
                     "add_generation_prompt": flag,
                     "add_special_tokens": flag,
                     "return_token_strs": flag,
