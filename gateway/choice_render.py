@@ -14,7 +14,8 @@ What `RenderSpec` asks for (`gateway.pipeline.prompt.render_spec` decides it per
 - `tools` (chat): the output is read for tool calls (`gateway.tool_calls`). A call goes out as two
   deltas, OpenAI's chunk shape: `{"tool_calls": [{"index", "id", "type": "function", "function":
   {"name", "arguments": ""}}]}`, then its `arguments`; the message has `tool_calls`, its `content` is
-  None when only calls came, and a choice that ends by itself with calls finishes `"tool_calls"`.
+  None when only calls came, and a choice that ends by itself with calls finishes `"tool_calls"`. With
+  `parallel_tools` False only the first call is kept (later ones are dropped, neither calls nor content).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class RenderSpec:
     echo: str | None = None  # completions: the prompt's text, shown first
     echo_first: int | None = None  # with echo and logprobs: the prompt's first token id
     tools: frozenset[str] | None = None  # chat: read the output for calls to these functions
+    parallel_tools: bool = True  # False (`parallel_tool_calls: false`): only the first call is kept
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,15 @@ class ChoiceRenderer:
         if self._parser is None:
             return [text] if text else []
         pieces = self._parser.feed(text) + (self._parser.close() if last else [])
-        return [self._record(p) if isinstance(p, ParsedCall) else p for p in pieces]
+        out: list[str | ToolCall] = []
+        for p in pieces:
+            if isinstance(p, ParsedCall):
+                if self.calls and not self.spec.parallel_tools:
+                    continue  # one call asked for, the model was free (`auto`) and wrote more: dropped
+                out.append(self._record(p))
+            else:
+                out.append(p)
+        return out
 
     def _record(self, parsed: ParsedCall) -> ToolCall:
         call = ToolCall(f"call_{uuid.uuid4().hex[:24]}", parsed.name, parsed.arguments)

@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gateway.protocol import SEED_MAX, SEED_MIN
+from gateway.protocol import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_CHARS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_STOPS,
+    SEED_MAX,
+    SEED_MIN,
+)
 
 INT32 = 2**31 - 1
 NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
@@ -35,8 +42,13 @@ def requestschemas(models: list[str]) -> dict[str, Any]:
         "seed": {"type": "integer", "minimum": SEED_MIN, "maximum": SEED_MAX},
         "stop": {
             "anyOf": [
-                {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"type": "string", "minLength": 1}},
+                {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
+                {
+                    "type": "array",
+                    "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
+                    "maxItems": MAX_STOPS,
+                    "description": "Duplicates count once.",
+                },
                 {"type": "null"},
             ]
         },
@@ -153,9 +165,14 @@ def sampling_extras() -> dict[str, Any]:
         "logit_bias": {
             "type": "object",
             "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "maxProperties": MAX_LOGIT_BIAS,
             "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
         },
-        "stop_token_ids": {"type": "array", "items": token_id},
+        "stop_token_ids": {
+            "type": "array",
+            "items": token_id,
+            "description": f"At most {MAX_STOP_TOKEN_IDS} distinct ids.",
+        },
     }
 
 
@@ -324,6 +341,8 @@ def choices_schemas(found: dict[str, Any]) -> dict[str, Any]:
                 {
                     "model": model,
                     "messages": message,
+                    "tools": found["ChatCompletionRequest"]["properties"]["tools"],
+                    "tool_choice": found["ChatCompletionRequest"]["properties"]["tool_choice"],
                     "add_generation_prompt": flag,
                     "add_special_tokens": flag,
                     "return_token_strs": flag,

@@ -1,8 +1,9 @@
 """OpenAI request parsing and response shapes for `/v1/completions` and `/v1/chat/completions`.
 
 Validation errors name the offending parameter (`param`) and say what is allowed. Unsupported features
-that would change results (insertion, predicted outputs, audio, best_of, legacy `functions`) are refused
-rather than silently ignored. An explicit `null` means "not given", as OpenAI's clients send it.
+that would change results (insertion, predicted outputs, audio, best_of, legacy `functions`, vLLM's
+extras this server lacks: `gateway.refused`) are refused rather than silently ignored. An explicit `null`
+means "not given", as OpenAI's clients send it.
 Structured outputs are read by `gateway.structured`, tools by `gateway.tools`; the parameters and their
 ranges are listed in docs/API.md.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from gateway.chat_input import chat_messages as chat_messages  # re-exported: callers read it here
 from gateway.errors import bad_request
+from gateway.refused import refuse_unsupported
 from gateway.structured import request_guide
 from gateway.tools import ToolRequest, parse_tools
 from loragate.guides import Guide
@@ -23,6 +25,11 @@ from loragate.types import MAX_LOGPROBS, SamplingParams
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_N = 128  # choices per prompt
 MAX_PROMPTS = 256  # prompts in one completions request
+# Lists the worker checks at every step of every sequence, bounded so that no request makes it pay for
+# an unbounded list per token (OpenAI allows 4 stops and 300 biases; vLLM bounds none).
+MAX_STOPS, MAX_STOP_CHARS = 256, 256  # `stop` strings, and characters in each
+MAX_STOP_TOKEN_IDS = 256  # distinct `stop_token_ids`
+MAX_LOGIT_BIAS = 300  # `logit_bias` entries (OpenAI's limit)
 
 
 @dataclass(frozen=True)
@@ -62,31 +69,9 @@ def _bool(body: dict[str, Any], name: str) -> bool:
     return bool(value)
 
 
-# Fields that would change the result, refused unless absent, null or one of their neutral values.
-_REFUSED: dict[str, tuple[Any, ...]] = {
-    "suffix": ("",),  # insertion
-    "prediction": (),
-    "audio": (),
-    "modalities": (["text"],),
-    "web_search_options": (),
-    "best_of": (1,),
-    "functions": ([],),  # the legacy form of tools: use `tools`
-    "function_call": ("none",),
-}
-
-
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    for name, neutral in _REFUSED.items():
-        value = body.get(name)
-        if value is not None and value not in neutral:
-            shown = value.get("type", value) if isinstance(value, dict) else value
-            shown = shown if isinstance(shown, str | int) else type(shown).__name__
-            raise bad_request(f"'{name}' {shown!r} is not supported by this server.", param=name)
-
-
 def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
     _int(body, "n", 1, 1, MAX_N)  # choices per prompt (`gateway.pipeline.choices`)
-    _refuse_unsupported(body)
+    refuse_unsupported(body, chat)
     stream = _bool(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -97,11 +82,16 @@ def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
     elif isinstance(stop, str):
         stops = (stop,)
     elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
-        stops = tuple(stop)  # any number: the body size limit bounds them
+        stops = tuple(dict.fromkeys(stop))  # duplicates dropped: the same stop checked once
     else:
         raise bad_request("'stop' must be a string or a list of non-empty strings.", param="stop")
     if stop == "":
         raise bad_request("'stop' must not be empty.", param="stop")
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad_request(
+            f"'stop' may hold at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters each.",
+            param="stop",
+        )
     max_tokens = _int(body, "max_completion_tokens", 1, None) if chat else None
     max_tokens = _int(body, "max_tokens", 1, max_tokens)
     # Signed or unsigned 64-bit, as clients send either; the worker hashes it into its generator's seed.
@@ -154,7 +144,13 @@ def sampling_extras(body: dict[str, Any]) -> dict[str, Any]:
     if ids is not None:
         if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t < 2**31 for t in ids):
             raise bad_request("'stop_token_ids' must be a list of token ids.", param="stop_token_ids")
-        out["stop_token_ids"] = tuple(ids)
+        distinct = tuple(dict.fromkeys(ids))
+        if len(distinct) > MAX_STOP_TOKEN_IDS:
+            raise bad_request(
+                f"'stop_token_ids' may hold at most {MAX_STOP_TOKEN_IDS} distinct ids.",
+                param="stop_token_ids",
+            )
+        out["stop_token_ids"] = distinct
     return out
 
 
@@ -165,6 +161,8 @@ def _is_int(value: object) -> bool:
 def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
     if not isinstance(bias, dict):
         raise bad_request("'logit_bias' must be an object of token ids to numbers.", param="logit_bias")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' may hold at most {MAX_LOGIT_BIAS} entries.", param="logit_bias")
     out = []
     for key, value in bias.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 10):

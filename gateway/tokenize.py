@@ -3,14 +3,18 @@
 The tokenizer of a base model is read from the checkpoint directory its workers announce (a shared
 filesystem or the same image), once per directory. The chat template is rendered the way
 `transformers.apply_chat_template` does (sandboxed Jinja, trim/lstrip blocks, `raise_exception`, `tools=`
-when it renders tools itself). A token's text for log-probabilities is its own piece: for byte-level BPE
-(GPT-2's byte-to-character map) its exact bytes, read as UTF-8.
+when it renders tools itself). A token's text for log-probabilities is its own piece, as exact bytes
+read as UTF-8: for byte-level BPE through GPT-2's byte-to-character map; for SentencePiece-style
+vocabularies (Metaspace: `▁` for a space, `<0xHH>` byte-fallback pieces) with `▁` as a space and each
+byte piece as its byte — decoding the token alone would strip its leading space and turn a byte piece
+into U+FFFD. Added tokens, and other vocabularies, are their decoded text.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,10 @@ class ModelTokenizer:
     vocab_size: int  # including added tokens: token ids in a prompt must be below it
     template_tools: bool = False  # the chat template renders `tools` itself
     byte_level: bool = False  # pieces are byte-level BPE (GPT-2's byte-to-character map)
+    metaspace: bool = False  # pieces are SentencePiece's: `▁` a space, `<0xHH>` one byte (byte fallback)
+    added: frozenset[int] = frozenset()  # added tokens' ids: their text is their content
+    # token id -> (text, bytes), filled as tokens are shown (logprobs show the same few thousand again)
+    _texts: dict[int, tuple[str, list[int]]] = field(default_factory=dict, compare=False, repr=False)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -44,12 +52,22 @@ class ModelTokenizer:
 
     def token_text(self, token_id: int) -> tuple[str, list[int]]:
         """One token's text and its UTF-8 bytes (a piece of a character: its exact bytes, text U+FFFD)."""
+        known = self._texts.get(token_id)
+        if known is None:
+            raw = self._piece_bytes(token_id)
+            known = self._texts[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return known[0], list(known[1])
+
+    def _piece_bytes(self, token_id: int) -> bytes:
         piece = self.tokenizer.id_to_token(token_id)
-        if self.byte_level and piece is not None and all(c in _BYTE_OF for c in piece):
-            raw = bytes(_BYTE_OF[c] for c in piece)
-        else:  # added tokens, other tokenizers
-            raw = self.decode([token_id]).encode()
-        return raw.decode("utf-8", errors="replace"), list(raw)
+        if piece is None or token_id in self.added:
+            return self.decode([token_id]).encode()
+        if self.byte_level and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        if self.metaspace:
+            byte = _BYTE_PIECE.fullmatch(piece)
+            return bytes([int(byte[1], 16)]) if byte else piece.replace("▁", " ").encode()
+        return self.decode([token_id]).encode()  # other tokenizers
 
     def render_chat(
         self,
@@ -90,6 +108,20 @@ def _byte_map() -> dict[str, int]:
 
 
 _BYTE_OF = _byte_map()
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _decoder_kinds(tok: Tokenizer) -> tuple[bool, bool]:
+    """(byte-level BPE, SentencePiece-style metaspace), read from the tokenizer's decoder."""
+    decoder = json.loads(tok.to_str()).get("decoder") or {}
+    steps = [decoder, *decoder.get("decoders", [])]
+    byte_level = any(d.get("type") == "ByteLevel" for d in steps)
+    metaspace = any(
+        d.get("type") == "Metaspace"
+        or (d.get("type") == "Replace" and (d.get("pattern") or {}).get("String") == "▁")
+        for d in steps
+    )
+    return byte_level, metaspace
 
 
 def _tojson(
@@ -124,10 +156,7 @@ def load_tokenizer(model_dir: Path) -> ModelTokenizer:
         if isinstance(value := config.get(name), str | dict)
     }
     template = env.from_string(source) if source else None
-    decoder = json.loads(tok.to_str()).get("decoder") or {}
-    byte_level = decoder.get("type") == "ByteLevel" or any(
-        d.get("type") == "ByteLevel" for d in decoder.get("decoders", [])
-    )
+    byte_level, metaspace = _decoder_kinds(tok)
     return ModelTokenizer(
         tok,
         template,
@@ -135,6 +164,8 @@ def load_tokenizer(model_dir: Path) -> ModelTokenizer:
         tok.get_vocab_size(with_added_tokens=True),
         template_tools=bool(source and "tools" in source),
         byte_level=byte_level,
+        metaspace=metaspace,
+        added=frozenset(tok.get_added_tokens_decoder()),
     )
 
 

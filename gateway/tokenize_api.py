@@ -1,13 +1,15 @@
 """vLLM's `POST /tokenize` and `POST /detokenize` for the served models.
 
-`/tokenize` takes `{"model", "prompt"}` or `{"model", "messages", "add_generation_prompt"?}` (the chat
-template rendered as `/v1/chat/completions` renders it) and answers `{"count", "max_model_len", "tokens",
-"token_strs"}`; `/detokenize` takes `{"model", "tokens"}` and answers `{"prompt"}`. The model is named as
-for generation — a base model, `base:adapter`, or an adapter the key's tenant may use (adapters share
-their base's tokenizer) — and an adapter the tenant may not use is 404 `model_not_found`, as in the
-model list; an alias (`auto`) names no tokenizer: 400. `add_special_tokens` defaults to what generation
-does (none added), so `count` is the `prompt_tokens` a completion of that prompt reports; vLLM's
-defaults differ (true for a prompt) and a client may ask for them.
+`/tokenize` takes `{"model", "prompt"}` or `{"model", "messages", "tools"?, "add_generation_prompt"?}` (the
+chat template rendered as `/v1/chat/completions` renders it: tools, tool calls and tool results folded
+the same way, so `count` is the `prompt_tokens` of a chat request of the same messages and tools) and
+answers `{"count", "max_model_len", "tokens", "token_strs"}`; `/detokenize` takes `{"model", "tokens"}`
+and answers `{"prompt"}`. The model is named as for generation — a base model, `base:adapter`, or an
+adapter the key's tenant may use (adapters share their base's tokenizer) — and an adapter the tenant may
+not use is 404 `model_not_found`, as in the model list; an alias (`auto`) names no tokenizer: 400.
+`add_special_tokens` defaults to what generation does (none added), so `count` is the `prompt_tokens` a
+completion of that prompt reports; vLLM's defaults differ (true for a prompt) and a client may ask for
+them.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from gateway.errors import APIError, bad_request, queue_unavailable
 from gateway.model_catalog import AUTO
 from gateway.pipeline.resolve import no_worker
 from gateway.tokenize import ModelTokenizer
+from gateway.tools import parse_tools, prompt_messages
 
 # Chat-template options of vLLM's tokenize request this gateway cannot honour: refused, not ignored.
-_REFUSED = ("chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs", "continue_final_message")
+_REFUSED = ("chat_template", "chat_template_kwargs", "mm_processor_kwargs", "continue_final_message")
 
 
 class TokenizeRoutes:
@@ -44,7 +47,9 @@ class TokenizeRoutes:
                 if body.get(name) not in (None, False):
                     raise bad_request(f"'{name}' is not supported by this server.", param=name)
             generation = body.get("add_generation_prompt") is None or _flag(body, "add_generation_prompt")
-            text = tok.render_chat(chat_messages(body), generation)
+            offered = parse_tools(body, chat=True)
+            messages, shown = prompt_messages(chat_messages(body), offered, tok.template_tools)
+            text = tok.render_chat(messages, generation, tools=shown)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):

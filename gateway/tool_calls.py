@@ -90,7 +90,9 @@ class ToolCallParser:
             obj = json.loads(inner)
         except ValueError:
             return None
-        if not isinstance(obj, dict) or obj.get("name") not in self.names:
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None  # a name that is not a string (a list, an object) is no call, and not hashable
+        if obj["name"] not in self.names:
             return None
         args = obj.get("arguments")
         if not isinstance(args, dict):

@@ -135,8 +135,9 @@ def _choice(choice: Any, names: set[str]) -> tuple[str, str | None]:
         isinstance(choice, dict)
         and choice.get("type") == "function"
         and isinstance(choice.get("function"), dict)
+        and isinstance(choice["function"].get("name"), str)
     ):
-        name = choice["function"].get("name")
+        name = choice["function"]["name"]
         if name not in names:
             raise bad_request(
                 f"'tool_choice' names {name!r}, which is not one of the tools.", param="tool_choice"

@@ -167,12 +167,23 @@ class ChoiceSet:
 
     async def _started(self, c: Choice) -> OutputReader:
         """Its job, started; a choice stopped meanwhile has the job cancelled once it is started (the
-        start itself is not interrupted: admission and enqueueing account for what they did)."""
+        start itself is not interrupted: admission and enqueueing account for what they did). That
+        cancel runs before this choice's task ends, so `close`, which awaits the task, returns with the
+        job's reservation released and the job dropped (a client, or a test, sees it all ended); only a
+        second stop while it waits leaves the cancel to a task of its own."""
         start = asyncio.ensure_future(self._start(c))
         try:
             return await asyncio.shield(start)
-        except asyncio.CancelledError:
-            start.add_done_callback(_cancel_started)
+        except asyncio.CancelledError as stopped:
+            try:
+                reader = await asyncio.shield(start)
+            except asyncio.CancelledError:
+                start.add_done_callback(_cancel_started)
+                raise
+            except Exception:
+                raise stopped from None  # not started: nothing queued, nothing held
+            c.reader, c.ended = reader, True
+            await reader.cancel()
             raise
 
     async def _start(self, c: Choice) -> OutputReader:

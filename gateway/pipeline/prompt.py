@@ -93,4 +93,5 @@ def render_spec(call: Call, tok: ModelTokenizer, prompt: Prompt) -> RenderSpec:
         echo=echo,
         echo_first=prompt.token_ids[0] if echo is not None and params.prompt_logprobs is not None else None,
         tools=parsed.tools.names if parsed.tools is not None and parsed.tools.parsed else None,
+        parallel_tools=parsed.tools.parallel if parsed.tools is not None else True,
     )

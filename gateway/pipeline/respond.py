@@ -103,8 +103,8 @@ async def collect(
 ) -> Response:
     choice = ChoiceRenderer(answer.spec)
     event = first
-    choice.feed(first)
     try:
+        choice.feed(first)
         while not event.is_last:
             event = await reader.next(timeout_s)
             if event.error is not None:
@@ -117,6 +117,9 @@ async def collect(
     except ClientGone:
         await reader.cancel()
         raise client_closed() from None
+    except BaseException:  # unexpected (e.g. while rendering): the request ends here, its worker too
+        await reader.cancel()
+        raise
     reader.finish()
     on_done(event)
     use = protocol.usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)

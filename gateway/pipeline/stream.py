@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from gateway.pipeline.fanout import ChoiceSet
 from gateway.pipeline.output import OutputReader
 from gateway.relay import ClientGone
 from loragate.messages import OutputEvent
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,12 @@ def error_chunk(error: dict[str, Any]) -> str:
     return data({"error": {k: v for k, v in error.items() if k != "status"}})
 
 
+def internal_error_chunk() -> str:
+    """An unexpected failure while rendering, as a stream's last chunk (the stream has begun: no status)."""
+    log.exception("unhandled error while streaming")
+    return data(APIError(500, "Internal server error.", type_="server_error").body())
+
+
 def event_chunks(answer: Answer, created: int, event: OutputEvent, choice: ChoiceRenderer) -> list[str]:
     """The SSE chunks of one output event of `choice` (none for an empty, not-last one)."""
     rid, model = answer.request_id, answer.model
@@ -70,7 +79,7 @@ async def sse(
     watcher: asyncio.Future[None],
 ) -> AsyncIterator[str]:
     created = int(time.time())
-    event, done = first, False
+    event, done, failed = first, False, False
     parts: list[str] = []
     choice = ChoiceRenderer(answer.spec)
     if answer.chat:
@@ -79,7 +88,12 @@ async def sse(
         )
     try:
         while True:
-            parts += event_chunks(answer, created, event, choice)
+            try:
+                parts += event_chunks(answer, created, event, choice)
+            except Exception:  # a bug must not cut the stream: an error chunk, then [DONE]
+                parts.append(internal_error_chunk())
+                failed = True  # not done: the request is cancelled
+                break
             if event.error is not None or event.is_last:
                 break
             if parts and not len(reader.events):  # nothing more is ready: send before waiting
@@ -92,7 +106,7 @@ async def sse(
                 break
             except ClientGone:
                 return
-        done = event.is_last
+        done = event.is_last and not failed
         if done:
             on_done(event)
         parts.append("data: [DONE]\n\n")
@@ -125,7 +139,12 @@ async def sse_choices(
             if event.error is not None:
                 parts.append(error_chunk(event.error))
                 break
-            for choice in renderers[index].feed(event):
+            try:
+                rendered = renderers[index].feed(event)
+            except Exception:  # a bug must not cut the stream: the others are cancelled by close()
+                parts.append(internal_error_chunk())
+                break
+            for choice in rendered:
                 parts.append(data(protocol.chunk(rid, model, created, chat, [choice])))
             if event.is_last:
                 last[index] = event

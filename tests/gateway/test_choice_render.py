@@ -223,6 +223,21 @@ def test_streamed_tool_calls_read_back_as_the_whole_answer(seed: int) -> None:
     assert all(c["finish_reason"] is None for c in chunks[:-1])
 
 
+@pytest.mark.parametrize("sizes", [[len(TWO_CALLS)], [1] * len(TWO_CALLS), [9] * 20], ids=["whole", "1", "9"])
+def test_without_parallel_calls_only_the_first_is_kept(sizes: list[int]) -> None:
+    """`parallel_tool_calls: false` under `auto`: the model may still write two; the answer has one."""
+    chunks, final = run(
+        RenderSpec(chat=True, tools=NAMES, parallel_tools=False), text_events(TWO_CALLS, sizes)
+    )
+    calls = final["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_weather"] and final[
+        "finish_reason"
+    ] == "tool_calls"
+    assert final["message"]["content"] == "Checking."
+    deltas = [c["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["delta"]]
+    assert [d["index"] for d in deltas] == [0, 0] and "get_time" not in json.dumps(chunks)
+
+
 def test_a_call_cut_by_the_length_limit_finishes_length() -> None:
     _, final = run(RenderSpec(chat=True, tools=NAMES), text_events(TWO_CALLS, [10], finish="length"))
     assert final["finish_reason"] == "length" and len(final["message"]["tool_calls"]) == 2

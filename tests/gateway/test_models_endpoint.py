@@ -18,24 +18,29 @@ from tests.gateway.live_gateway import live_gateway
 ALICE, BOB = {"Authorization": "Bearer sk-test-alice"}, {"Authorization": "Bearer sk-test-bob"}
 SHARED = AdapterRecord("models-shared", "models-base", "/adapters/shared")
 BOBS = AdapterRecord("models-bobs", "models-base", "/adapters/bobs", tenants=("bob",))
+ORG_MODEL = "models-org/base-7b"  # a --model-name with a "/", as Hugging Face names are
 
 
 @pytest.fixture
 def gateway(redis_url: str) -> Iterator[str]:
     r = redis.Redis.from_url(redis_url)
     state = WorkerState("models-w1", "models-base", "/m", 2048, updated_at=time.time())
-    r.set(contracts.worker_state(state.worker_id), state.to_json(), ex=60)
+    org = WorkerState("models-w2", ORG_MODEL, "/m", 2048, updated_at=time.time())
+    for s in (state, org):
+        r.set(contracts.worker_state(s.worker_id), s.to_json(), ex=60)
     for rec in (SHARED, BOBS):
         r.hset(contracts.ADAPTERS, rec.key, rec.to_json())
     try:
         with live_gateway(redis_url) as url:
             deadline = time.monotonic() + 10
-            while "models-base" not in ids(url, ALICE):  # the fleet view refreshes every half second
+            while not {"models-base", ORG_MODEL} <= ids(
+                url, ALICE
+            ):  # the fleet view refreshes every half second
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             yield url
     finally:
-        r.delete(contracts.worker_state(state.worker_id))
+        r.delete(contracts.worker_state(state.worker_id), contracts.worker_state(org.worker_id))
         r.hdel(contracts.ADAPTERS, SHARED.key, BOBS.key)
         r.close()
 
@@ -51,7 +56,7 @@ def test_each_key_lists_only_what_its_tenant_may_use(gateway: str) -> None:
     assert BOBS.key in ids(gateway, BOB)
 
 
-@pytest.mark.parametrize("model", ["auto", "models-base", SHARED.key])
+@pytest.mark.parametrize("model", ["auto", "models-base", SHARED.key, ORG_MODEL])
 def test_one_model_is_the_object_the_list_has(gateway: str, model: str) -> None:
     listed = httpx.get(f"{gateway}/v1/models", headers=ALICE, timeout=10).json()["data"]
     got = httpx.get(f"{gateway}/v1/models/{model}", headers=ALICE, timeout=10)
@@ -67,6 +72,7 @@ def test_one_model_is_the_object_the_list_has(gateway: str, model: str) -> None:
     [
         pytest.param(BOBS.key, ALICE, 404, id="another tenant's adapter"),
         pytest.param("never-served", ALICE, 404, id="unknown name"),
+        pytest.param("never/served", ALICE, 404, id="unknown name with a slash"),
         pytest.param("models-base", {}, 401, id="no key"),
     ],
 )

@@ -26,7 +26,8 @@ def app_routes() -> set[tuple[str, str]]:
     found = set()
     for route in app.routes:
         assert isinstance(route, Route)
-        found |= {(route.path, m.lower()) for m in route.methods or () if m != "HEAD"}
+        path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)  # OpenAPI templates name no converter
+        found |= {(path, m.lower()) for m in route.methods or () if m != "HEAD"}
     return found
 
 

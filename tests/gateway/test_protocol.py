@@ -50,6 +50,9 @@ PARSE_ERRORS = [
     pytest.param({"stop": ["a", ""]}, False, "stop", "non-empty", id="an empty stop in a list"),
     pytest.param({"stop": ["a", 1]}, False, "stop", "list of non-empty strings", id="a stop not a string"),
     pytest.param({"stop": ""}, False, "stop", "must not be empty", id="empty stop string"),
+    pytest.param({"stop": [f"s{i}" for i in range(257)]}, False, "stop", "at most 256", id="257 stops"),
+    pytest.param({"stop": ["x" * 257]}, True, "stop", "256 characters", id="a stop of 257 characters"),
+    pytest.param({"stop": "x" * 257}, False, "stop", "256 characters", id="a stop string of 257"),
     pytest.param({"max_tokens": 0}, False, "max_tokens", "between 1 and", id="max_tokens zero"),
     pytest.param({"max_tokens": 1.5}, False, "max_tokens", "integer", id="max_tokens a float"),
     pytest.param({"max_tokens": True}, False, "max_tokens", "integer", id="max_tokens a boolean"),
@@ -148,6 +151,13 @@ def test_parse_common_reads_every_field() -> None:
         pytest.param({"stop": None}, False, (), id="null stop"),
         pytest.param({"stop": []}, False, (), id="empty stop list"),
         pytest.param({"stop": list("abcdefgh")}, False, tuple("abcdefgh"), id="more than four stops"),
+        pytest.param({"stop": list("abab")}, False, ("a", "b"), id="duplicates count once"),
+        pytest.param(
+            {"stop": [f"{i:0256d}" for i in range(256)] * 2},
+            False,
+            tuple(f"{i:0256d}" for i in range(256)),
+            id="256 stops of 256 characters",
+        ),
     ],
 )
 def test_stop_forms(body: dict[str, Any], chat: bool, expected: tuple[str, ...]) -> None:
@@ -386,6 +396,18 @@ SAMPLING_VALID = [
     ),
     pytest.param({"logit_bias": {}}, True, {"logit_bias": ()}, id="empty logit_bias"),
     pytest.param({"stop_token_ids": [2, 9]}, False, {"stop_token_ids": (2, 9)}, id="stop_token_ids"),
+    pytest.param(
+        {"stop_token_ids": [2, 9, 2] + list(range(256)) * 3},
+        False,
+        {"stop_token_ids": (2, 9, *(i for i in range(256) if i not in (2, 9)))},
+        id="stop_token_ids: 256 distinct, duplicates count once",
+    ),
+    pytest.param(
+        {"logit_bias": {str(i): 1 for i in range(300)}},
+        True,
+        {"logit_bias": tuple((i, 1.0) for i in range(300))},
+        id="300 biases",
+    ),
     pytest.param({"logprobs": True}, True, {"logprobs": 0}, id="chat logprobs"),
     pytest.param({"logprobs": True, "top_logprobs": 20}, True, {"logprobs": 20}, id="chat top_logprobs 20"),
     pytest.param({"logprobs": False}, True, {}, id="chat logprobs off"),
@@ -465,6 +487,12 @@ SAMPLING_ERRORS = [
         {"stop_token_ids": [-1]}, False, "stop_token_ids", "list of token ids", id="stop id negative"
     ),
     pytest.param({"stop_token_ids": [True]}, False, "stop_token_ids", "list of token ids", id="stop id bool"),
+    pytest.param(
+        {"stop_token_ids": list(range(257))}, False, "stop_token_ids", "at most 256", id="257 stop ids"
+    ),
+    pytest.param(
+        {"logit_bias": {str(i): 1 for i in range(301)}}, True, "logit_bias", "at most 300", id="301 biases"
+    ),
     pytest.param({"logprobs": 1}, True, "logprobs", "boolean", id="chat logprobs a number"),
     pytest.param({"top_logprobs": 3}, True, "top_logprobs", "needs 'logprobs'", id="top without logprobs"),
     pytest.param(
@@ -595,3 +623,78 @@ def test_chat_messages_keep_tool_calls_and_results() -> None:
         },
         {"role": "tool", "content": "ok", "name": "g"},
     ]
+
+
+# --- vLLM / OpenAI fields this server cannot honour: refused unless neutral, never ignored ---------------
+
+# (name, a value that would change the result, a neutral value or None, the endpoints it applies to)
+NOT_HONOURED = [
+    ("allowed_token_ids", [1, 2], None, (True, False)),
+    ("bad_words", ["x"], [], (True, False)),
+    ("include_stop_str_in_output", True, False, (True, False)),
+    ("prompt_logprobs", 1, None, (True, False)),
+    ("top_logprobs", 2, None, (False,)),
+    ("use_beam_search", True, False, (True, False)),
+    ("length_penalty", 0.5, 1, (True, False)),
+    ("early_stopping", True, False, (True, False)),
+    ("truncate_prompt_tokens", 10, None, (True, False)),
+    ("skip_special_tokens", False, True, (True, False)),
+    ("spaces_between_special_tokens", False, True, (True, False)),
+    ("logits_processors", ["x"], [], (True, False)),
+    ("return_tokens_as_token_ids", True, False, (True, False)),
+    ("return_token_ids", True, False, (True, False)),
+    ("priority", 1, 0, (True, False)),
+    ("vllm_xargs", {"a": 1}, {}, (True, False)),
+    ("guided_whitespace_pattern", " ", None, (True, False)),
+    ("guided_decoding_backend", "outlines", "xgrammar", (True, False)),
+    ("chat_template", "{{ x }}", None, (True, False)),
+    ("chat_template_kwargs", {"enable_thinking": False}, {}, (True, False)),
+    ("continue_final_message", True, False, (True, False)),
+    ("add_generation_prompt", False, True, (True, False)),
+    ("add_special_tokens", True, False, (True, False)),
+    ("documents", [{"text": "d"}], [], (True, False)),
+    ("mm_processor_kwargs", {"a": 1}, {}, (True, False)),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "chat"),
+    [
+        pytest.param(n, v, chat, id=f"{n} on {'chat' if chat else 'completions'}")
+        for n, v, _, on in NOT_HONOURED
+        for chat in on
+    ],
+)
+def test_a_field_not_honoured_is_refused(name: str, value: Any, chat: bool) -> None:
+    body = {"model": "m", name: value, **({"logprobs": True} if name == "top_logprobs" and chat else {})}
+    error = _refused(parse_common, body, chat)
+    assert error.param == name and "not supported" in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    ("name", "neutral"),
+    [pytest.param(n, neutral, id=n) for n, _, neutral, _ in NOT_HONOURED if neutral is not None],
+)
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_a_neutral_value_of_a_field_not_honoured_is_accepted(name: str, neutral: Any, chat: bool) -> None:
+    assert parse_common({"model": "m", name: neutral}, chat) == parse_common({"model": "m"}, chat)
+
+
+@pytest.mark.parametrize(("name", "value"), [("priority", False), ("length_penalty", True)])
+def test_a_boolean_is_not_a_neutral_number(name: str, value: bool) -> None:
+    assert _refused(parse_common, {"model": "m", name: value}, True).param == name
+
+
+def test_harmless_extras_clients_send_still_pass() -> None:
+    extras = {
+        "store": False,
+        "metadata": {"k": "v"},
+        "service_tier": "auto",
+        "prompt_cache_key": "k",
+        "reasoning_effort": "low",
+        "safety_identifier": "u",
+        "request_id": "r",
+        "cache_salt": "s",
+    }
+    for chat in (True, False):
+        assert parse_common({"model": "m", **extras}, chat) == parse_common({"model": "m"}, chat)

@@ -5,6 +5,8 @@ and every refusal is the OpenAI error object with its status."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +17,7 @@ import redis
 
 from gateway.tokenize import load_tokenizer
 from loragate import contracts
-from loragate.messages import AdapterRecord, WorkerState
+from loragate.messages import AdapterRecord, QueuedRequest, WorkerState
 from tests.gateway.live_gateway import error_of, live_gateway
 from worker.modelzoo.make import ZooPaths
 
@@ -74,6 +76,66 @@ def test_chat_messages_tokenize_as_the_chat_template_renders_them(gateway: str, 
     assert default["tokens"] == tok.encode(tok.render_chat(MESSAGES))  # as /v1/chat/completions renders
     text = post(gateway, "/detokenize", {"model": BASE, "tokens": default["tokens"]}).json()["prompt"]
     assert text == tok.render_chat(MESSAGES)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+}
+WITH_TOOLS = [
+    {"role": "user", "content": "Weather in Oslo and Rome?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "call_2"}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+]
+
+
+def queued_prompt(redis_url: str, gateway: str, body: dict[str, Any]) -> tuple[int, ...]:
+    """The prompt token ids a chat request is queued with (no worker answers: the client then leaves)."""
+    r = redis.Redis.from_url(redis_url)
+    queue = contracts.queue("tok-w1")
+    r.delete(queue)
+
+    def ask() -> None:
+        with contextlib.suppress(httpx.TimeoutException):
+            httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=ALICE, timeout=2)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (entries := r.xrange(queue)):
+            assert time.monotonic() < deadline, "the chat request was not queued"
+            time.sleep(0.02)
+        return QueuedRequest.from_json(entries[0][1][contracts.QUEUE_FIELD_BYTES]).prompt_token_ids
+    finally:
+        asking.join()
+        r.delete(queue)
+        r.close()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"tools": [WEATHER]}, {"tools": [WEATHER], "tool_choice": "required"}],
+    ids=["tool calls and results", "tools offered", "a forced call"],
+)
+def test_the_count_is_a_chat_requests_prompt_tokens(
+    redis_url: str, gateway: str, extra: dict[str, Any]
+) -> None:
+    """Tool calls and results (and the tools offered) are folded into the prompt as generation folds
+    them, so /tokenize counts what /v1/chat/completions will report as `prompt_tokens`."""
+    body = {"model": BASE, "messages": WITH_TOOLS, **extra}
+    got = post(gateway, "/tokenize", body)
+    assert got.status_code == 200, got.text
+    assert tuple(got.json()["tokens"]) == queued_prompt(redis_url, gateway, {**body, "max_tokens": 4})
 
 
 def test_token_strings_on_request(gateway: str) -> None:

@@ -152,6 +152,20 @@ TOOL_ERRORS = [
         id="no name",
     ),
     pytest.param(
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": ["get_weather"]}}},
+        True,
+        "tool_choice",
+        "must be",
+        id="a list for a name",
+    ),
+    pytest.param(
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": {"a": 1}}}},
+        True,
+        "tool_choice",
+        "must be",
+        id="an object for a name",
+    ),
+    pytest.param(
         {"tools": [WEATHER], "parallel_tool_calls": 1}, True, "parallel_tool_calls", "boolean", id="par"
     ),
 ]
@@ -378,6 +392,18 @@ OUTPUTS = [
     ),
     pytest.param(
         '<tool_call>["get_time"]</tool_call>', '<tool_call>["get_time"]</tool_call>', [], id="not an object"
+    ),
+    pytest.param(
+        '<tool_call>{"name": ["get_time"], "arguments": {}}</tool_call>',
+        '<tool_call>{"name": ["get_time"], "arguments": {}}</tool_call>',
+        [],
+        id="a list for a name stays text",
+    ),
+    pytest.param(
+        '<tool_call>{"name": {"n": 1}, "arguments": {}}</tool_call>',
+        '<tool_call>{"name": {"n": 1}, "arguments": {}}</tool_call>',
+        [],
+        id="an object for a name stays text",
     ),
     pytest.param('<tool_call>\n{"name": "get_ti', '<tool_call>\n{"name": "get_ti', [], id="cut short"),
     pytest.param("a < b <tool", "a < b <tool", [], id="a tag's start at the end stays text"),

@@ -18,9 +18,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message
 
+from gateway.choice_render import ChoiceRenderer
 from gateway.context import GatewayContext
 from gateway.errors import APIError
+from gateway.pipeline import fanout
 from gateway.pipeline.choices import ChoicePlan, choice_seed, plan_choices, prompt_items
+from gateway.pipeline.enqueue import enqueue
 from gateway.pipeline.fanout import ChoiceSet
 from gateway.pipeline.respond import respond_choices
 from gateway.pipeline.stream import Answer
@@ -239,6 +242,25 @@ def test_a_later_failure_in_a_stream_is_an_error_chunk_and_cancels_the_others(
     live(zoo, redis_url, body)
 
 
+def test_an_unexpected_error_in_a_stream_is_an_error_chunk_and_cancels_every_choice(
+    redis_url: str, zoo: ZooPaths
+) -> None:
+    async def body(ctx: GatewayContext) -> None:
+        plans, response = start(ctx, Client(), stream=True, n=2)
+        await until_queued(ctx, 1)
+        await put(ctx.redis, plans[0].job.qid, token("a"))
+        await until_queued(ctx, 2)
+        got = await response
+        assert isinstance(got, EventStreamResponse)
+        with mock.patch.object(ChoiceRenderer, "feed", side_effect=RuntimeError("bug")):
+            text = "".join([p async for p in got.chunks])
+        events = [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "server_error"
+        assert await queued(ctx) == {} and outstanding(ctx) == 0  # both choices cancelled
+
+    live(zoo, redis_url, body)
+
+
 def test_a_first_choice_failing_first_keeps_its_status_and_starts_no_sibling(
     redis_url: str, zoo: ZooPaths
 ) -> None:
@@ -274,6 +296,42 @@ def test_a_client_that_leaves_cancels_every_choice(redis_url: str, zoo: ZooPaths
                 await response
             assert e.value.status == 499
         assert await queued(ctx) == {} and outstanding(ctx) == 0  # every choice dropped from its queue
+
+    live(zoo, redis_url, body)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["collected", "streamed"])
+def test_a_client_that_leaves_while_choices_are_being_queued_finds_them_all_ended(
+    redis_url: str, zoo: ZooPaths, stream: bool
+) -> None:
+    """The client leaves while the siblings' enqueue round trips are still in flight (queued in Redis,
+    not yet returned): once the response ends, their reservations are released and their jobs dropped
+    already, not by a clean-up that runs later."""
+
+    async def slow_enqueue(*args: Any) -> Any:
+        reader = await enqueue(*args)
+        await asyncio.sleep(0.3)  # the reply is slow: the request is queued, this handler not told yet
+        return reader
+
+    async def body(ctx: GatewayContext) -> None:
+        client = Client()
+        plans, response = start(ctx, client, stream=stream, n=3)
+        await until_queued(ctx, 1)
+        with mock.patch.object(fanout, "enqueue", slow_enqueue):
+            await put(ctx.redis, plans[0].job.qid, token("a"))
+            await until_queued(ctx, 3)  # the siblings are queued; their starts wait on the reply
+            if stream:
+                got = await response
+                assert isinstance(got, EventStreamResponse)
+                client.left.set()
+                assert "[DONE]" not in "".join([part async for part in got.chunks])
+            else:
+                client.left.set()
+                with pytest.raises(APIError) as e:
+                    await response
+                assert e.value.status == 499
+            assert outstanding(ctx) == 0  # right away: nothing still held
+            assert await queued(ctx) == {}
 
     live(zoo, redis_url, body)
 

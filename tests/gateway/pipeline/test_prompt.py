@@ -111,3 +111,19 @@ def test_render_spec(
         assert (spec.chat, spec.echo, spec.tools) == (chat, echo, tools)
         assert (spec.logprobs == tok.token_text) is logprobs
         assert spec.echo_first == (ids[0] if echo_first else None)
+
+
+@pytest.mark.parametrize(
+    ("body", "parallel"),
+    [
+        pytest.param({"tools": [TOOL]}, True, id="default"),
+        pytest.param({"tools": [TOOL], "parallel_tool_calls": False}, False, id="parallel_tool_calls false"),
+        pytest.param({"parallel_tool_calls": False}, True, id="no tools"),
+    ],
+)
+def test_render_spec_keeps_one_call_without_parallel_calls(
+    zoo: ZooPaths, body: dict[str, Any], parallel: bool
+) -> None:
+    tok = load_tokenizer(zoo.base("tiny"))
+    call = call_of(body, True)
+    assert render_spec(call, tok, prompt_of(call, "Hi", tok.encode("Hi"))).parallel_tools is parallel

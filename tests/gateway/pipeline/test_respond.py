@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from unittest import mock
 
 import pytest
 
+from gateway.choice_render import ChoiceRenderer
 from gateway.context import GatewayContext
 from gateway.errors import APIError
 from gateway.pipeline.admit import Charge
@@ -147,5 +149,43 @@ def test_respond_answers_with_the_worker_header(redis_url: str) -> None:
         )
         assert response.headers["x-loragate-worker"] == "w-x" and response.headers["x-request-id"] == "r"
         assert len(done) == 1 and phase(reader) is Phase.RELEASED
+
+    run(redis_url, body)
+
+
+def broken_renderer() -> mock._patch[mock.MagicMock]:
+    """A rendering bug: every event fed to a choice raises."""
+    return mock.patch.object(ChoiceRenderer, "feed", side_effect=RuntimeError("bug"))
+
+
+@pytest.mark.parametrize("first_fails", [True, False], ids=["on the first event", "on a later event"])
+def test_an_unexpected_error_while_collecting_cancels(redis_url: str, first_fails: bool) -> None:
+    """A bug while rendering still ends the request: its worker is told to stop and what it holds is
+    given back (not left reserved while the error becomes a 500)."""
+
+    async def body(ctx: GatewayContext) -> None:
+        reader, done = await queued(ctx), []
+        await put(ctx.redis, reader.job.qid, OutputEvent((1,), "a", completion_tokens=1))
+        await put(ctx.redis, reader.job.qid, OutputEvent(text="b", finish_reason="stop", completion_tokens=2))
+        first = await first_event(reader, 5)
+        fails = [RuntimeError("bug")] if first_fails else [[], RuntimeError("bug")]
+        with mock.patch.object(ChoiceRenderer, "feed", side_effect=fails), pytest.raises(RuntimeError):
+            await collect(ANSWER, first, reader, 5, done.append, {})
+        assert done == [] and phase(reader) is Phase.RELEASED
+
+    run(redis_url, body)
+
+
+def test_an_unexpected_error_while_streaming_is_an_error_chunk_and_cancels(redis_url: str) -> None:
+    async def body(ctx: GatewayContext) -> None:
+        reader, done = await queued(ctx), []
+        await put(ctx.redis, reader.job.qid, OutputEvent((1,), "a", completion_tokens=1))
+        first = await first_event(reader, 5)
+        watcher = asyncio.ensure_future(asyncio.sleep(3600))
+        with broken_renderer():
+            out = "".join([chunk async for chunk in sse(ANSWER, first, reader, 5, done.append, watcher)])
+        events = [e.removeprefix("data: ") for e in out.split("\n\n") if e]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "server_error"
+        assert done == [] and phase(reader) is Phase.RELEASED
 
     run(redis_url, body)
