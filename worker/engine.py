@@ -274,7 +274,7 @@ class LLMEngine:
         self.stats.decode_tokens += 1
         reason: FinishReason | None = None
         eos = not p.ignore_eos and token in self.model_config.eos_token_ids
-        stop_token = eos or token in p.stop_token_ids
+        stop_token = eos or token in t.stop_token_ids
         # Before min_tokens no stop string ends the request (vLLM's rule; stop tokens cannot be sampled).
         stops = seq.num_output_tokens >= p.min_tokens
         # A stop token ends the request without adding its text; otherwise decode and look for stop strings.

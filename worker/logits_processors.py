@@ -38,7 +38,7 @@ def min_tokens_mask(seq: Sequence, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
     p = seq.request.params
     if seq.num_output_tokens >= p.min_tokens:
         return ()
-    return (*p.stop_token_ids, *(() if p.ignore_eos else eos_ids))
+    return tuple(dict.fromkeys((*p.stop_token_ids, *(() if p.ignore_eos else eos_ids))))  # each id once
 
 
 @dataclass
