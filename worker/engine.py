@@ -110,6 +110,11 @@ class LLMEngine:
         )
         self.scheduler.add(tracked.seq)
 
+    def warm_grammar(self) -> None:
+        """Load the structured-output engine now (seconds); meant for a background thread at start-up,
+        and safe there: a guided request added meanwhile waits for it."""
+        self.grammar.warm()
+
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV; its final output comes with the next `step`."""
         tracked = self.requests.pop(request_id, None)
