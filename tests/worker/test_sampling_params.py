@@ -332,3 +332,19 @@ def test_worker_streams_logprobs_and_refuses_bad_ids_with_400(zoo: ZooPaths, cli
     assert [e.logprobs for e in events] == [o.logprobs for o in expected]
     assert events[0].prompt_logprobs == expected[0].prompt_logprobs and len(events[0].prompt_logprobs) == 19
     assert all(not e.prompt_logprobs for e in events[1:])
+
+
+def test_penalties_stay_right_when_requests_are_preempted_and_recomputed(
+    zoo: ZooPaths, hf_reference: Callable[[str], Any]
+) -> None:
+    # The processors' per-request state survives a preemption (the sequence keeps its tokens).
+    small = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=12, max_num_batched_tokens=48))
+    params = SamplingParams(
+        max_tokens=24, ignore_eos=True, repetition_penalty=0.3, presence_penalty=-1.5, frequency_penalty=-0.7
+    )
+    reqs = [Request(f"p{i}", prompt(50 + i, 28), params) for i in range(6)]
+    outs = run(small, *reqs)
+    assert small.stats.preemptions > 0
+    ref = hf_reference("tiny")
+    for r in reqs:
+        assert tokens(outs[r.request_id]) == hf_greedy_with(ref, list(r.prompt_token_ids), None, 24, params)
