@@ -110,6 +110,11 @@ class LLMEngine:
         )
         self.scheduler.add(tracked.seq)
 
+    def warm_grammar(self) -> None:
+        """Load the structured-output engine now (seconds); meant for a background thread at start-up,
+        and safe there: a guided request added meanwhile waits for it."""
+        self.grammar.warm()
+
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV; its final output comes with the next `step`."""
         tracked = self.requests.pop(request_id, None)
@@ -274,7 +279,7 @@ class LLMEngine:
         self.stats.decode_tokens += 1
         reason: FinishReason | None = None
         eos = not p.ignore_eos and token in self.model_config.eos_token_ids
-        stop_token = eos or token in p.stop_token_ids
+        stop_token = eos or token in t.stop_token_ids
         # Before min_tokens no stop string ends the request (vLLM's rule; stop tokens cannot be sampled).
         stops = seq.num_output_tokens >= p.min_tokens
         # A stop token ends the request without adding its text; otherwise decode and look for stop strings.

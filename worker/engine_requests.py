@@ -38,6 +38,7 @@ class Tracked:
     matcher: GrammarMatcher | None = None  # its structured-output guide's state (worker.grammar)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    stop_token_ids: frozenset[int] = frozenset()  # the request's, for a membership test per token
 
 
 def check_request(request: Request, info: EngineInfo, kv_blocks: int) -> None:
@@ -84,7 +85,9 @@ def track(
         for n in range(1, len(request.resume_token_ids) + 1):
             detokenizer.update(detok, list(request.resume_token_ids[:n]))
         detok.emitted = min(len(request.resume_text), len(detok.text))
-    return Tracked(Sequence.from_request(request), detok, generator, matcher)
+    return Tracked(
+        Sequence.from_request(request), detok, generator, matcher, stop_token_ids=frozenset(p.stop_token_ids)
+    )
 
 
 def request_output(

@@ -13,15 +13,18 @@ it like any request.
 What each kind compiles to, and which guides are refused: `worker.grammar_compile`. A guide that cannot
 be honoured raises ValueError in `LLMEngine.add_request` (the service answers 400).
 
-xgrammar (it imports transformers: ~1 s) and its tokenizer tables (~0.4 s on a 49k vocabulary) load on
-the first guided request, not with the engine: most engines never see one. The tables cover the
-model's logits width (config `vocab_size`, which may exceed the tokenizer's), with the model's EOS ids as
-the stop tokens. Compiled grammars are cached (bounded) by the compiler, keyed by the guide's text.
+xgrammar (it imports transformers: ~1 s) and its tokenizer tables (~0.4 s on a 49k vocabulary) are not
+loaded with the engine: a worker service loads them on a background thread as it starts (`warm`), so the
+first guided request does not stall the running ones; an engine used alone loads them on its first.
+The tables cover the model's logits width (config `vocab_size`, which may exceed the tokenizer's), with
+the model's EOS ids as the stop tokens. Compiled grammars are cached (bounded) by the compiler, keyed by
+the guide's text.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -66,6 +69,17 @@ class GuidedDecoding:
         self.eos_token_ids = tuple(eos_token_ids)
         self.device = device
         self.stats = GrammarStats()
+        self._loading = threading.Lock()  # one thread loads xgrammar and the tables; the others wait
+
+    def warm(self) -> None:
+        """Load xgrammar and the tokenizer tables now; safe from any thread (a guided request arriving
+        meanwhile waits for this rather than loading them a second time)."""
+        with self._loading:
+            _ = self._compiler, self._batcher
+
+    @property
+    def is_warm(self) -> bool:
+        return "_compiler" in self.__dict__ and "_batcher" in self.__dict__
 
     # -- requests ---------------------------------------------------------------------------------
     def start(self, request: Request) -> xgr.GrammarMatcher | None:
@@ -79,7 +93,9 @@ class GuidedDecoding:
             # The matcher ends the output where the grammar does (EOS is then its only token): it cannot
             # also be made to run on to max_tokens.
             raise ValueError("ignore_eos cannot be combined with a structured-output guide")
-        matcher = self._xgr.GrammarMatcher(compile_guide(self._compiler, guide))
+        with self._loading:
+            compiler = self._compiler
+        matcher = self._xgr.GrammarMatcher(compile_guide(compiler, guide))
         for token in request.resume_token_ids:
             if not matcher.accept_token(token):
                 raise ValueError("the resumed tokens do not follow the request's structured-output guide")

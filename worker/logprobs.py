@@ -6,6 +6,9 @@ sampled token; a prompt row at position p (`worker.batch.PromptRows`) reports pr
 the rows that ask are computed: one `index_select`, one log-softmax and one `topk` (with the largest N
 asked for this step) for all of them together. `read_step` brings the sampled tokens and all logprobs
 to the host in one copy: the step's only wait for the device.
+
+A prefill chunk may bring thousands of prompt rows; their float32 log-softmax is computed `SLICE_ROWS`
+rows at a time, so the extra memory it takes stays bounded (slice × vocabulary), whatever the chunk size.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import torch
 from loragate.types import TokenLogprob
 from worker.batch import PromptRows, pack_int64
 from worker.sequence import Sequence
+
+SLICE_ROWS = 256  # rows log-softmaxed at once: 256 × 49k float32 = 50 MB, twice (values and result)
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,11 @@ class PendingLogprobs:
 
 
 def gather_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, sampled_seqs: list[Sequence], prompt: tuple[PromptRows, ...]
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    sampled_seqs: list[Sequence],
+    prompt: tuple[PromptRows, ...],
+    slice_rows: int = SLICE_ROWS,
 ) -> PendingLogprobs | None:
     """logits: [S + P, V], the step's sampled rows then its prompt rows; tokens: [S] sampled ids."""
     asked = [(j, n) for j, s in enumerate(sampled_seqs) if (n := s.request.params.logprobs) is not None]
@@ -42,12 +51,16 @@ def gather_logprobs(
     rows = [j for j, _ in asked] + list(range(num_sampled, logits.shape[0]))
     targets = [t for r in prompt for t in r.seq.token_ids[r.first + 1 : r.first + 1 + r.count]]
     index, prompt_targets = pack_int64([rows, targets], str(logits.device))
-    logprobs = logits.index_select(0, index).float().log_softmax(dim=-1)
     chosen_ids = torch.cat([tokens.index_select(0, index[: len(asked)]), prompt_targets])
-    chosen = logprobs.gather(1, chosen_ids[:, None])[:, 0]
     k = max([n for _, n in asked] + [_prompt_n(r) for r in prompt])
-    top = logprobs.topk(k, dim=-1)
-    return PendingLogprobs(asked, prompt, chosen, top.indices, top.values)
+    chosen, top_ids, top_logprobs = [], [], []
+    for at in range(0, len(rows), slice_rows):
+        logprobs = logits.index_select(0, index[at : at + slice_rows]).float().log_softmax(dim=-1)
+        chosen.append(logprobs.gather(1, chosen_ids[at : at + slice_rows, None])[:, 0])
+        top = logprobs.topk(k, dim=-1)
+        top_ids.append(top.indices)
+        top_logprobs.append(top.values)
+    return PendingLogprobs(asked, prompt, torch.cat(chosen), torch.cat(top_ids), torch.cat(top_logprobs))
 
 
 def read_step(

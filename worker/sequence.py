@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from loragate.types import FinishReason, Request
+
+if TYPE_CHECKING:
+    from worker.logits_processors import RequestLogitsState
 
 
 class SequenceStatus(Enum):
@@ -37,6 +41,8 @@ class Sequence:
     # The first prompt position whose logits (for prompt logprobs) are still to be computed; none are
     # wanted from `num_prompt_tokens - 1` on (that position's logits sample the first output token).
     next_prompt_logit: int = 0
+    # Its logits processors' device state (penalty counts, bias ids), made at first use.
+    logits_state: RequestLogitsState | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_request(cls, request: Request) -> Sequence:

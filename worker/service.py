@@ -91,6 +91,8 @@ class WorkerService:
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
         self._publish_state()
+        # Off the step thread: loading it on the first guided request would stall every running one.
+        threading.Thread(target=self._warm_grammar, daemon=True, name=f"grammar-{self.worker_id}").start()
         self.heartbeat.start()
         try:
             self._serve_through_outages()
@@ -100,6 +102,12 @@ class WorkerService:
             self.heartbeat.remove()
             self.cancels.close()
             self.stopped.set()
+
+    def _warm_grammar(self) -> None:
+        try:
+            self.engine.warm_grammar()
+        except Exception:  # a guided request will meet (and report) the same error
+            log.exception("worker %s: could not load the structured-output engine", self.worker_id)
 
     def _serve_through_outages(self) -> None:
         backoff, outage = Backoff(), OutageLog(log, f"worker {self.worker_id}")

@@ -57,3 +57,13 @@ def test_earliest_of_several_stop_strings_wins(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("alpha beta gamma delta").ids
     deltas, hit = stream(tokenizer, ids, stop=("delta", "beta"))
     assert hit and "".join(deltas) == "alpha "
+
+
+@pytest.mark.parametrize("extra", [0, 40], ids=["few-stops-find", "many-stops-one-regex"])
+def test_many_stop_strings_cut_at_the_earliest_like_a_few(tokenizer: Tokenizer, extra: int) -> None:
+    # Duplicates, regex metacharacters and strings that never occur must not change where the text is cut.
+    never = tuple(f"zz{i}(.*)" for i in range(extra))
+    stop = ("gamma", "a+b", "beta", "beta", *never, "a b")
+    ids = tokenizer.encode("alpha a+b beta gamma").ids
+    deltas, hit = stream(tokenizer, ids, stop=stop)
+    assert hit and "".join(deltas) == "alpha "

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import jsonschema
 import pytest
+import redis
 
 from loragate.guides import Guide, GuideKind
 from loragate.types import FinishReason, Request, SamplingParams
+from tests.worker.test_service import start
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
 from worker.engine_types import Completion
@@ -344,3 +347,19 @@ def test_a_guided_request_reports_the_models_own_logprobs_not_the_masked_ones(en
     assert all(abs(a - b) < 1e-5 for (_, a), (_, b) in zip(forced_lp.top, free_lp.top, strict=True))
     allowed = {engine.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in ("yes", "no")}
     assert forced_lp.token_id in allowed and len({t for t, _ in free_lp.top} - allowed) >= 3
+
+
+def test_a_worker_loads_the_grammar_engine_in_the_background_before_any_guided_request(
+    zoo: ZooPaths, redis_url: str
+) -> None:
+    # Loaded on the step thread by the first guided request, it would stall every running request ~1.4 s.
+    r = redis.Redis.from_url(redis_url, socket_timeout=10)
+    try:
+        with start(zoo, r) as service:
+            deadline = time.monotonic() + 60
+            while not service.engine.grammar.is_warm and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert service.engine.grammar.is_warm
+            assert service.engine.snapshot().steps == 0  # no request did it
+    finally:
+        r.close()

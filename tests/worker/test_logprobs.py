@@ -18,10 +18,11 @@ import torch
 from peft import PeftModel
 
 from loragate.types import Request, RequestOutput, SamplingParams, TokenLogprob
-from worker.batch import build_forward_batch
+from worker.batch import PromptRows, build_forward_batch
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
+from worker.logprobs import gather_logprobs
 from worker.modelzoo.make import ZooPaths
 from worker.sequence import Sequence
 
@@ -228,3 +229,24 @@ def test_a_request_aborted_mid_prefill_sends_no_partial_prompt_logprobs(zoo: Zoo
     engine.abort("a")
     [out] = engine.step()
     assert out.finished and out.prompt_logprobs == ()  # ...but a partial list never goes out
+
+
+@pytest.mark.parametrize("slice_rows", [1, 3, 1000], ids=["row-by-row", "uneven-slices", "one-slice"])
+def test_prompt_rows_in_slices_give_the_same_logprobs(slice_rows: int) -> None:
+    # Two sampled rows (one asking for logprobs), then 7 prompt rows of two sequences.
+    def seq(n: int, **kw: Any) -> Sequence:
+        return Sequence.from_request(Request("x", tuple(range(1, n + 1)), SamplingParams(max_tokens=4, **kw)))
+
+    a, b, c = seq(5, logprobs=2), seq(3), seq(6, prompt_logprobs=3)
+    spans = (PromptRows(a, 0, 3, 2), PromptRows(c, 1, 4, 5))
+    rng = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 16, generator=rng, dtype=torch.float64).to(torch.bfloat16)
+    tokens = torch.tensor([4, 9])
+    got = gather_logprobs(logits, tokens, [a, b], spans, slice_rows=slice_rows)
+    assert got is not None
+    reference = logits[[0, 2, 3, 4, 5, 6, 7, 8]].float().log_softmax(dim=-1)
+    targets = [4, 2, 3, 4, 3, 4, 5, 6]  # a's sampled token, then prompt tokens p + 1 of each span
+    torch.testing.assert_close(got.chosen, reference[range(8), targets])
+    top = reference.topk(3, dim=-1)
+    torch.testing.assert_close(got.top_logprobs, top.values)
+    assert torch.equal(got.top_ids, top.indices)

@@ -118,6 +118,34 @@ def test_processors_batched_equal_each_row_alone() -> None:
     torch.testing.assert_close(together, alone)
 
 
+def test_processor_state_kept_across_steps_equals_a_fresh_build() -> None:
+    # Each request's device state is built once and then updated with new tokens only; rows move between
+    # steps. After every step it must give what a sequence seen for the first time gives.
+    kw: list[dict[str, Any]] = [
+        dict(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.25),
+        dict(frequency_penalty=0.5, min_tokens=3, stop_token_ids=(4, 4, 7), logit_bias=((2, 1.0), (2, 0.5))),
+        dict(repetition_penalty=0.8),
+    ]
+    live = [seq((1, 2), resumed=(3, 3), **k) for k in kw]
+    rnd = random.Random(0)
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        rnd.shuffle(live)
+        raw = torch.randn(len(live), 8, generator=rng)
+        fresh = [seq(tuple(s.token_ids[: s.num_prompt_tokens]), **kw_of(s)) for s in live]
+        for f, s in zip(fresh, live, strict=True):
+            f.token_ids[:] = s.token_ids
+        torch.testing.assert_close(process_logits(raw, live, EOS), process_logits(raw, fresh, EOS))
+        for s in live:
+            s.token_ids.append(rnd.randrange(8))
+
+
+def kw_of(s: Sequence) -> dict[str, Any]:
+    p = s.request.params
+    names = ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "stop_token_ids")
+    return {n: getattr(p, n) for n in names} | {"logit_bias": p.logit_bias}
+
+
 @pytest.mark.parametrize(
     ("min_p", "allowed"),
     [(0.0, {0, 4, 6, 7}), (0.3, {6, 7}), (0.5, {6}), (1.0, {6})],
@@ -304,3 +332,19 @@ def test_worker_streams_logprobs_and_refuses_bad_ids_with_400(zoo: ZooPaths, cli
     assert [e.logprobs for e in events] == [o.logprobs for o in expected]
     assert events[0].prompt_logprobs == expected[0].prompt_logprobs and len(events[0].prompt_logprobs) == 19
     assert all(not e.prompt_logprobs for e in events[1:])
+
+
+def test_penalties_stay_right_when_requests_are_preempted_and_recomputed(
+    zoo: ZooPaths, hf_reference: Callable[[str], Any]
+) -> None:
+    # The processors' per-request state survives a preemption (the sequence keeps its tokens).
+    small = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=12, max_num_batched_tokens=48))
+    params = SamplingParams(
+        max_tokens=24, ignore_eos=True, repetition_penalty=0.3, presence_penalty=-1.5, frequency_penalty=-0.7
+    )
+    reqs = [Request(f"p{i}", prompt(50 + i, 28), params) for i in range(6)]
+    outs = run(small, *reqs)
+    assert small.stats.preemptions > 0
+    ref = hf_reference("tiny")
+    for r in reqs:
+        assert tokens(outs[r.request_id]) == hf_greedy_with(ref, list(r.prompt_token_ids), None, 24, params)
