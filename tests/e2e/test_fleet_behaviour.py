@@ -80,6 +80,8 @@ class Progress:
 
     worker: str | None = None
     chunks: int = 0  # text chunks received
+    status: int = 0  # the response's status
+    error: str = ""  # its body, when it is no stream (a failure says why)
 
 
 def _stream(
@@ -97,6 +99,9 @@ def _stream(
     finish, tokens = None, 0
     with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=120) as resp:
         progress.worker = resp.headers.get("x-loragate-worker")
+        progress.status = resp.status_code
+        if resp.status_code != 200:
+            progress.error = resp.read().decode(errors="replace")[:500]
         for line in resp.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
@@ -123,7 +128,7 @@ def test_sigterm_drains_a_worker_without_losing_requests(stack: Stack) -> None:
             future = pool.submit(_stream, stack.url, max_tokens, rid, progress)
             deadline = time.monotonic() + 30
             while progress.worker is None:
-                assert time.monotonic() < deadline and not future.done(), future
+                assert time.monotonic() < deadline and not future.done(), (progress.status, progress.error)
                 time.sleep(0.01)
             return rid, progress, future
 
