@@ -122,6 +122,10 @@ def live(zoo: ZooPaths, redis_url: str, body: Callable[[GatewayContext], Awaitab
     reservations, and `outstanding` is exactly what they still hold."""
 
     async def frozen(ctx: GatewayContext) -> None:
+        # Stopped between refreshes (right after one ends: its loop is then asleep), never inside one,
+        # which would leave a Redis connection checked out and unclosed.
+        ctx.fleet.refreshed.clear()
+        await ctx.fleet.refreshed.wait()
         await ctx.fleet.stop()
         await body(ctx)
 
