@@ -11,7 +11,8 @@ What `RenderSpec` asks for (`gateway.pipeline.prompt.render_spec` decides it per
   tokens on that chunk (tokens whose text is held back ride on the next chunk out).
 - `echo` (completions): the prompt's text first, in the first chunk, and with `logprobs` its tokens'
   log-probabilities first (the first token's is None).
-- `tools` (chat): the output is read for tool calls (`gateway.tool_calls`). A call goes out as two
+- `tools` (chat): the output is read for tool calls in `tool_format`'s syntax (`gateway.tool_formats`,
+  `gateway.tool_calls_json.make_parser`); calls get ids of that format. A call goes out as two
   deltas, OpenAI's chunk shape: `{"tool_calls": [{"index", "id", "type": "function", "function":
   {"name", "arguments": ""}}]}`, then its `arguments`; the message has `tool_calls`, its `content` is
   None when only calls came, and a choice that ends by itself with calls finishes `"tool_calls"`. With
@@ -20,12 +21,13 @@ What `RenderSpec` asks for (`gateway.pipeline.prompt.render_spec` decides it per
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.logprobs_shape import Entry, TokenText, chat_logprobs, completion_logprobs
-from gateway.tool_calls import ParsedCall, ToolCallParser
+from gateway.tool_calls import ParsedCall
+from gateway.tool_calls_json import make_parser
+from gateway.tool_formats import HERMES, ToolFormat
 from loragate.messages import OutputEvent
 
 
@@ -39,6 +41,7 @@ class RenderSpec:
     echo_first: int | None = None  # with echo and logprobs: the prompt's first token id
     tools: frozenset[str] | None = None  # chat: read the output for calls to these functions
     parallel_tools: bool = True  # False (`parallel_tool_calls: false`): only the first call is kept
+    tool_format: ToolFormat = HERMES  # the syntax calls are read in
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class ChoiceRenderer:
         self.calls: list[ToolCall] = []
         self.entries: list[Entry] = []  # every token's log-probability, in order
         self.finish_reason: str | None = None
-        self._parser = ToolCallParser(spec.tools) if spec.tools is not None else None
+        self._parser = make_parser(spec.tool_format, spec.tools) if spec.tools is not None else None
         self._unsent: list[Entry] = []  # log-probabilities not yet on a chunk
         self._offset = 0  # completions' text_offset of the next streamed token
         self._started = False
@@ -136,7 +139,7 @@ class ChoiceRenderer:
         return out
 
     def _record(self, parsed: ParsedCall) -> ToolCall:
-        call = ToolCall(f"call_{uuid.uuid4().hex[:24]}", parsed.name, parsed.arguments)
+        call = ToolCall(self.spec.tool_format.call_id(), parsed.name, parsed.arguments)
         self.calls.append(call)
         return call
 

@@ -122,9 +122,14 @@ def parse_common(body: dict[str, Any], chat: bool) -> ParsedRequest:
 
 
 def sampling_extras(body: dict[str, Any]) -> dict[str, Any]:
-    """Penalties, bias, min_tokens, min_p and stop token ids: only those given (a default is not sent).
-    Token ids are checked against the vocabulary later, where the tokenizer is known."""
+    """Penalties, bias, min_tokens, min_p, stop token ids and vLLM's `skip_special_tokens`: only those
+    given (a default is not sent). Token ids are checked against the vocabulary later, where the tokenizer
+    is known."""
     out: dict[str, Any] = {}
+    if body.get("skip_special_tokens") is False:
+        out["skip_special_tokens"] = False
+    elif body.get("skip_special_tokens") is not None:
+        _bool(body, "skip_special_tokens")  # True is the default; anything else is a 400
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) is not None:
             out[name] = _number(body, name, -2.0, 2.0, 0.0)

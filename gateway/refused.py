@@ -30,7 +30,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1.0,),
     "early_stopping": (False,),
     "truncate_prompt_tokens": (),
-    "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "logits_processors": ([],),
     "return_tokens_as_token_ids": (False,),

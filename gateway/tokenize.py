@@ -3,11 +3,11 @@
 The tokenizer of a base model is read from the checkpoint directory its workers announce (a shared
 filesystem or the same image), once per directory. The chat template is rendered the way
 `transformers.apply_chat_template` does (sandboxed Jinja, trim/lstrip blocks, `raise_exception`, `tools=`
-when it renders tools itself). A token's text for log-probabilities is its own piece, as exact bytes
-read as UTF-8: for byte-level BPE through GPT-2's byte-to-character map; for SentencePiece-style
-vocabularies (Metaspace: `▁` for a space, `<0xHH>` byte-fallback pieces) with `▁` as a space and each
-byte piece as its byte — decoding the token alone would strip its leading space and turn a byte piece
-into U+FFFD. Added tokens, and other vocabularies, are their decoded text.
+when it renders tools in a syntax `gateway.tool_formats` reads). A token's text for log-probabilities is its
+own piece, as exact bytes read as UTF-8: for byte-level BPE through GPT-2's byte-to-character map; for
+SentencePiece-style vocabularies (Metaspace: `▁` for a space, `<0xHH>` byte-fallback pieces) with `▁` as a
+space and each byte piece as its byte — decoding the token alone would strip its leading space and turn a
+byte piece into U+FFFD. Added tokens, and other vocabularies, are their decoded text.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from gateway.errors import bad_request
+from gateway.tool_formats import ToolFormat
+from gateway.tool_formats import detect as detect_tool_format
 
 
 def _raise(message: str) -> None:
@@ -37,7 +39,7 @@ class ModelTokenizer:
     chat_template: Any  # a compiled jinja2 Template, or None
     special: dict[str, str]
     vocab_size: int  # including added tokens: token ids in a prompt must be below it
-    template_tools: bool = False  # the chat template renders `tools` itself
+    tool_format: ToolFormat | None = None  # the call syntax of a template that renders `tools` itself
     byte_level: bool = False  # pieces are byte-level BPE (GPT-2's byte-to-character map)
     metaspace: bool = False  # pieces are SentencePiece's: `▁` a space, `<0xHH>` one byte (byte fallback)
     added: frozenset[int] = frozenset()  # added tokens' ids: their text is their content
@@ -162,7 +164,7 @@ def load_tokenizer(model_dir: Path) -> ModelTokenizer:
         template,
         special,
         tok.get_vocab_size(with_added_tokens=True),
-        template_tools=bool(source and "tools" in source),
+        tool_format=detect_tool_format(source),
         byte_level=byte_level,
         metaspace=metaspace,
         added=frozenset(tok.get_added_tokens_decoder()),

@@ -48,7 +48,7 @@ class TokenizeRoutes:
                     raise bad_request(f"'{name}' is not supported by this server.", param=name)
             generation = body.get("add_generation_prompt") is None or _flag(body, "add_generation_prompt")
             offered = parse_tools(body, chat=True)
-            messages, shown = prompt_messages(chat_messages(body), offered, tok.template_tools)
+            messages, shown = prompt_messages(chat_messages(body), offered, tok.tool_format)
             text = tok.render_chat(messages, generation, tools=shown)
         else:
             prompt = body.get("prompt")

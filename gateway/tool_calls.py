@@ -1,11 +1,12 @@
 """Tool calling, output side: the model's text read back as content and tool calls, incrementally.
 
-The default format (`gateway.tools`) has the model write `<tool_call>\\n{"name": ..., "arguments": {...}}
-\\n</tool_call>`. `ToolCallParser` reads the output as it streams and yields, in order, plain text and
-complete calls. It holds back only what may still turn into a call: a tail that may be the start of
-`<tool_call>`, the inside of an open block, and trailing whitespace (whitespace around a call is not
-content). A block becomes a call when its JSON is an object with a `name` among the request's tools and
-an `arguments` object; anything else — bad JSON, an unknown tool — stays text, verbatim. A block the
+What every format's parser shares (`ParsedCall`, `read_call`), and the `hermes` format's parser
+(`gateway.tool_formats`; also the default format, `gateway.tools`): the model writes `<tool_call>\\n{"name":
+..., "arguments": {...}}\\n</tool_call>`. `ToolCallParser` reads the output as it streams and yields, in
+order, plain text and complete calls. It holds back only what may still turn into a call: a tail that may be
+the start of `<tool_call>`, the inside of an open block, and trailing whitespace (whitespace around a call
+is not content). A block becomes a call when its JSON is an object with a `name` among the request's tools
+and an `arguments` object; anything else — bad JSON, an unknown tool — stays text, verbatim. A block the
 output ends inside (EOS or a stop before `</tool_call>`) is read the same way. The same parser serves the
 streamed and the whole answer, so both give the same calls and content whatever the chunking.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -62,7 +64,7 @@ class ToolCallParser:
                 self.buf = self.buf[start + len(OPEN) :]
                 self.inside = True
                 continue
-            ready = len(self.buf) - _held(self.buf)
+            ready = len(self.buf) - held(self.buf)
             if ready:
                 out.append(self.buf[:ready])
                 self.buf = self.buf[ready:]
@@ -90,26 +92,27 @@ class ToolCallParser:
             obj = json.loads(inner)
         except ValueError:
             return None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return None  # a name that is not a string (a list, an object) is no call, and not hashable
-        if obj["name"] not in self.names:
-            return None
-        args = obj.get("arguments")
-        if not isinstance(args, dict):
-            return None
-        return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
+        return read_call(obj, self.names)
 
 
-def _held(buf: str) -> int:
-    """How many trailing characters may still belong to a call: a prefix of `<tool_call>` and the
-    whitespace before it."""
-    keep = next((k for k in range(min(len(OPEN) - 1, len(buf)), 0, -1) if buf.endswith(OPEN[:k])), 0)
+def read_call(
+    obj: Any, names: frozenset[str], args_keys: tuple[str, ...] = ("arguments",)
+) -> ParsedCall | None:
+    """`obj` as a call: an object whose `name` is one of `names` and whose arguments (the first of
+    `args_keys` present) are an object; else None."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None  # a name that is not a string (a list, an object) is no call, and not hashable
+    if obj["name"] not in names:
+        return None
+    key = next((k for k in args_keys if k in obj), None)
+    args = obj.get(key) if key is not None else None
+    if not isinstance(args, dict):
+        return None
+    return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def held(buf: str, marker: str = OPEN) -> int:
+    """How many trailing characters may still belong to a call: a prefix of `marker` and the whitespace
+    before it."""
+    keep = next((k for k in range(min(len(marker) - 1, len(buf)), 0, -1) if buf.endswith(marker[:k])), 0)
     return len(buf) - len(buf[: len(buf) - keep].rstrip())
-
-
-def parse_output(text: str, names: frozenset[str]) -> tuple[str, list[ParsedCall]]:
-    """A whole output: its content (the text pieces joined) and its calls."""
-    parser = ToolCallParser(names)
-    pieces = parser.feed(text) + parser.close()
-    content = "".join(p for p in pieces if isinstance(p, str))
-    return content, [p for p in pieces if isinstance(p, ParsedCall)]

@@ -1,31 +1,34 @@
 """Tool calling, request side: the `tools` a chat request offers, its `tool_choice`, and how both reach
 the prompt and the sampler.
 
-A chat template that mentions `tools` renders them itself (`tools=` as transformers passes them, and the
-conversation's tool calls and results as the template expects). Other templates get the default format,
-Hermes/Qwen style, which `gateway.tool_calls` reads back:
+A chat template whose tool syntax `gateway.tool_formats` knows (Hermes/Qwen, Llama 3 JSON, Mistral)
+renders the tools itself (`tools=` as transformers passes them, and the conversation's tool calls and
+results as the template expects); calls are forced and read back in that syntax. Other templates get the
+default format, Hermes/Qwen style, which `gateway.tool_calls` reads back:
 - the functions' JSON signatures in a system block inside `<tools></tools>`, with the instruction to
   answer a call as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
 - an assistant message's `tool_calls` rendered in that same form after its content;
 - `tool` results as a user turn, each inside `<tool_response></tool_response>` (consecutive ones merged).
 
-`tool_choice` `required` or a named function forces the call through the grammar (a `tool_calls` guide:
-the output is one call — `required` with `parallel_tool_calls`, one or more — whose `arguments` validate
-against the function's `parameters`); `auto` leaves the model free and parses its output; `none` shows
-the tools but reads nothing back.
+`tool_choice` `required` or a named function forces the call through the grammar (a `tool_calls` guide
+in the model's syntax: the output is one call — `required` with `parallel_tool_calls`, where the syntax
+has several calls per turn, one or more — whose arguments validate against the function's `parameters`);
+`auto` leaves the model free and parses its output; `none` shows the tools but reads nothing back.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import bad_request
+from gateway.tool_formats import HERMES, ToolFormat
 from loragate.guides import Guide, GuideKind
+from loragate.types import SamplingParams
 
-CALL_BEGIN, CALL_END = "<tool_call>\n", "\n</tool_call>"
+CALL_BEGIN, CALL_END = HERMES.begin, HERMES.end
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -61,15 +64,42 @@ class ToolRequest:
         """Whether the output is read back into tool calls."""
         return self.choice != "none"
 
-    def guide(self) -> Guide | None:
-        """The constraint that forces a call (`required`, named), else None."""
+    def guide(self, fmt: ToolFormat = HERMES) -> Guide | None:
+        """The constraint that forces a call (`required`, named) in `fmt`'s syntax, else None."""
         if self.choice not in ("required", "named"):
             return None
         chosen = [t for t in self.tools if self.choice == "required" or t.name == self.named]
         calls = [{"name": t.name, "parameters": t.parameters} for t in chosen]
-        parallel = self.parallel and self.choice == "required"
-        value = {"begin": CALL_BEGIN, "end": CALL_END, "calls": calls, "parallel": parallel}
+        parallel = self.parallel and self.choice == "required" and fmt.parallel
+        value = {
+            "prefix": fmt.prefix,
+            "begin": fmt.begin,
+            "end": fmt.end,
+            "separator": fmt.separator,
+            "suffix": fmt.suffix,
+            "args_key": fmt.args_key,
+            "calls": calls,
+            "parallel": parallel,
+        }
         return Guide(GuideKind.TOOL_CALLS, value)
+
+
+def output_format(template_format: ToolFormat | None) -> ToolFormat:
+    """The syntax calls are forced and read in: the template's, else the default format's."""
+    return template_format or HERMES
+
+
+def tool_params(params: SamplingParams, request: ToolRequest | None, fmt: ToolFormat) -> SamplingParams:
+    """`params` for a request whose calls are in `fmt`: a forced call in that syntax, and special tokens
+    kept in the text where a marker is one."""
+    if request is None:
+        return params
+    forced = request.guide(fmt)
+    if forced is not None:
+        params = replace(params, guide=forced.to_json())
+    if fmt.keep_special and request.parsed:
+        params = replace(params, skip_special_tokens=False)
+    return params
 
 
 def parse_tools(body: dict[str, Any], chat: bool) -> ToolRequest | None:
@@ -169,13 +199,13 @@ For each function call, return a json object with function name and arguments wi
 
 
 def prompt_messages(
-    messages: list[dict[str, Any]], request: ToolRequest | None, template_tools: bool
+    messages: list[dict[str, Any]], request: ToolRequest | None, template_format: ToolFormat | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The messages and the `tools=` argument to render with: the template's own format when it has one
-    (`template_tools`), else the default format folded into plain messages (and no `tools=`)."""
+    (`template_format`), else the default format folded into plain messages (and no `tools=`)."""
     signatures = [t.signature() for t in request.tools] if request else None
-    if template_tools:
-        return [_for_template(m) for m in messages], signatures
+    if template_format is not None:
+        return [_for_template(m, template_format) for m in messages], signatures
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "tool":
@@ -210,8 +240,11 @@ def call_text(name: str, arguments: str) -> str:
     return f"{CALL_BEGIN}{body}{CALL_END}"
 
 
-def _for_template(m: dict[str, Any]) -> dict[str, Any]:
-    """A message as tool-aware templates (transformers') expect it: call arguments as a mapping."""
+def _for_template(m: dict[str, Any], fmt: ToolFormat) -> dict[str, Any]:
+    """A message as tool-aware templates (transformers') expect it: call arguments as a mapping, call ids
+    as the format requires them."""
+    if "tool_call_id" in m:
+        return {**m, "tool_call_id": fmt.template_id(m["tool_call_id"])}
     if not m.get("tool_calls"):
         return m
     calls = []
@@ -220,5 +253,6 @@ def _for_template(m: dict[str, Any]) -> dict[str, Any]:
             args: Any = json.loads(c["function"]["arguments"])
         except ValueError:
             args = c["function"]["arguments"]
-        calls.append({**c, "function": {"name": c["function"]["name"], "arguments": args}})
+        function = {"name": c["function"]["name"], "arguments": args}
+        calls.append({**c, "id": fmt.template_id(c.get("id")), "function": function})
     return {**m, "tool_calls": calls}

@@ -10,10 +10,12 @@ Kinds and their `value`:
 - `regex`: a regular expression the whole output must match.
 - `choice`: a list of strings; the output is exactly one of them.
 - `grammar`: an EBNF grammar text (xgrammar's GBNF dialect, root rule `root`), as vLLM's guided_grammar.
-- `tool_calls`: `{"begin": str, "end": str, "calls": [{"name": str, "parameters": schema}], "parallel":
-  bool}`: the output is `begin + {"name": <one of calls>, "arguments": <its parameters>} + end`, once, or
-  (parallel) one or more times separated by a newline. The JSON's `arguments` validates against that
-  function's `parameters` schema.
+- `tool_calls`: `{"prefix": str, "begin": str, "end": str, "separator": str, "suffix": str, "args_key":
+  str, "calls": [{"name": str, "parameters": schema}], "parallel": bool}`: the output is `prefix`, then
+  `begin + {"name": <one of calls>, <args_key>: <its parameters>} + end` once, or (parallel) one or more
+  times separated by `separator`, then `suffix` — a model family's call syntax (`gateway.tool_formats`).
+  The arguments validate against that function's `parameters` schema. `prefix`, `suffix` default to "",
+  `separator` to a newline, `args_key` to "arguments".
 """
 
 from __future__ import annotations

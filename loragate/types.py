@@ -36,6 +36,8 @@ class SamplingParams:
       Log-probabilities are the model's own (log-softmax of the raw logits, before temperature, penalties,
       bias or a grammar), as vLLM reports them.
     - `guide`: a structured-output constraint, `loragate.guides.Guide.to_json()`; "" = none.
+    - `skip_special_tokens`: special tokens (control tokens such as `[TOOL_CALLS]`) are left out of the
+      text, as vLLM's default; False keeps them (a tool-call format whose marker is one needs them).
     """
 
     max_tokens: int = 16
@@ -55,6 +57,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     guide: str = ""
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -34,15 +34,20 @@ class DetokenizerState:
     emitted: int = 0  # characters of `text` already returned as deltas
     longest_stop: int = 0  # length of the longest stop string
     pattern: re.Pattern[str] | None = None  # all stop strings as one alternation, when there are many
+    skip_special: bool = True  # special tokens are left out of the text
 
     @classmethod
-    def start(cls, prompt_ids: list[int] | tuple[int, ...], stop: tuple[str, ...]) -> DetokenizerState:
+    def start(
+        cls, prompt_ids: list[int] | tuple[int, ...], stop: tuple[str, ...], skip_special: bool = True
+    ) -> DetokenizerState:
         tail = list(prompt_ids[-_CONTEXT_TOKENS:])
         # Longest first: at the earliest position the longest alternative wins (the cut is the same).
         unique = tuple(sorted(dict.fromkeys(stop), key=len, reverse=True))
         pattern = re.compile("|".join(map(re.escape, unique))) if len(unique) > _FIND_AT_MOST else None
         longest = len(unique[0]) if unique else 0
-        return cls(unique, tail, 0, len(tail), longest_stop=longest, pattern=pattern)
+        state = cls(unique, tail, 0, len(tail), longest_stop=longest, pattern=pattern)
+        state.skip_special = skip_special
+        return state
 
     def find_stop(self, start: int) -> int:
         """Where the earliest stop string in `text[start:]` begins, or -1."""
@@ -65,8 +70,9 @@ class IncrementalDetokenizer:
             return False
         state.consumed = len(output_ids)
         state.ids.extend(new)
-        prefix = self.tokenizer.decode(state.ids[state.prefix_offset : state.read_offset])
-        full = self.tokenizer.decode(state.ids[state.prefix_offset :])
+        skip = state.skip_special
+        prefix = self.tokenizer.decode(state.ids[state.prefix_offset : state.read_offset], skip)
+        full = self.tokenizer.decode(state.ids[state.prefix_offset :], skip)
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return False  # nothing printable yet, or an incomplete UTF-8 sequence
         search_from = max(0, len(state.text) - state.longest_stop)

@@ -79,7 +79,7 @@ def track(
     if not p.greedy:
         seed = generator_seed(p.seed) if p.seed is not None else secrets.randbits(64)
         generator = torch.Generator(device=device).manual_seed(seed)
-    detok = DetokenizerState.start(request.prompt_token_ids, p.stop)
+    detok = DetokenizerState.start(request.prompt_token_ids, p.stop, p.skip_special_tokens)
     if request.resume_token_ids:
         # Replay what the previous worker generated, then continue after the text it streamed.
         for n in range(1, len(request.resume_token_ids) + 1):

@@ -7,9 +7,9 @@ What each kind compiles to:
   Keywords xgrammar 0.2.8 would silently not enforce (`UNENFORCED`) are refused rather than ignored.
 - `regex`: the whole output matches it. `grammar`: xgrammar's EBNF, root rule `root`.
 - `choice`: an alternation of the exact strings (EBNF literals, escaped).
-- `tool_calls`: an xgrammar structural tag: per function a tag `begin + {"name":<name>,"arguments":` +
-  its compact parameters grammar + `}` + end`, so the name is a constant of its alternative; once, or
-  (parallel) one or more separated by "\\n".
+- `tool_calls`: an xgrammar structural tag: `prefix`, then per function a tag `begin + {"name":<name>,
+  "<args_key>":` + its compact parameters grammar + `}` + end`, so the name is a constant of its
+  alternative, once or (parallel) one or more separated by `separator`, then `suffix`.
 Anything malformed or that xgrammar cannot compile raises ValueError with a message for the client.
 """
 
@@ -100,6 +100,12 @@ def tool_calls_tag(value: Any, xgr: Any) -> str:
         _expect_str(value.get("begin"), "tool_calls begin"),
         _expect_str(value.get("end"), "tool_calls end"),
     )
+    prefix, suffix = (
+        _expect_str(value.get("prefix", ""), "tool_calls prefix"),
+        _expect_str(value.get("suffix", ""), "tool_calls suffix"),
+    )
+    separator = _expect_str(value.get("separator", "\n"), "tool_calls separator")
+    args_key = _expect_str(value.get("args_key", "arguments"), "tool_calls args_key")
     calls = value.get("calls")
     if not isinstance(calls, list) or not calls:
         raise ValueError("a tool_calls guide needs a non-empty list of calls")
@@ -112,18 +118,22 @@ def tool_calls_tag(value: Any, xgr: Any) -> str:
         tags.append(
             {
                 "type": "tag",
-                "begin": begin + '{"name":' + json.dumps(name) + ',"arguments":',
+                "begin": begin + '{"name":' + json.dumps(name) + "," + json.dumps(args_key) + ":",
                 "content": {"type": "grammar", "grammar": json_ebnf(schema, xgr)},
                 "end": "}" + end,
             }
         )
-    fmt = {
+    fmt: dict[str, Any] = {
         "type": "tags_with_separator",
         "tags": tags,
-        "separator": "\n",
+        "separator": separator,
         "at_least_one": True,
         "stop_after_first": not value.get("parallel", False),
     }
+    if prefix or suffix:
+        ends = [{"type": "const_string", "value": prefix}] if prefix else []
+        tail = [{"type": "const_string", "value": suffix}] if suffix else []
+        fmt = {"type": "sequence", "elements": [*ends, fmt, *tail]}
     return json.dumps({"type": "structural_tag", "format": fmt})
 
 

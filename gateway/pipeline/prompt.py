@@ -31,7 +31,7 @@ def tokenize(ctx: GatewayContext, call: Call, resolved: Resolved) -> Prompt:
     with span(ctx.tracer, "tokenize") as tokenize_span:
         tok = ctx.tokenizers.get(resolved.worker_state.model_dir)
         if call.chat:
-            messages, shown = tools.prompt_messages(call.messages, call.parsed.tools, tok.template_tools)
+            messages, shown = tools.prompt_messages(call.messages, call.parsed.tools, tok.tool_format)
             text = tok.render_chat(messages, tools=shown)
             ids = tok.encode(text)
         else:
@@ -43,6 +43,8 @@ def tokenize(ctx: GatewayContext, call: Call, resolved: Resolved) -> Prompt:
     max_tokens = completion_budget(len(ids), call.parsed.max_tokens, resolved.max_model_len, call.chat)
     check_sampling(call.parsed.params, max_tokens, tok.vocab_size)
     params = protocol.sampling_params(call.parsed, max_tokens)
+    if call.chat:  # a forced call and the text in the template's own call syntax
+        params = tools.tool_params(params, call.parsed.tools, tools.output_format(tok.tool_format))
     if call.server_span.is_recording():
         call.server_span.set_attributes(
             {
@@ -94,4 +96,5 @@ def render_spec(call: Call, tok: ModelTokenizer, prompt: Prompt) -> RenderSpec:
         echo_first=prompt.token_ids[0] if echo is not None and params.prompt_logprobs is not None else None,
         tools=parsed.tools.names if parsed.tools is not None and parsed.tools.parsed else None,
         parallel_tools=parsed.tools.parallel if parsed.tools is not None else True,
+        tool_format=tools.output_format(tok.tool_format),
     )

@@ -415,6 +415,8 @@ SAMPLING_VALID = [
     pytest.param({"logprobs": 0}, False, {"logprobs": 0}, id="completion logprobs 0"),
     pytest.param({"logprobs": 2, "echo": True}, False, {"logprobs": 2, "prompt_logprobs": 2}, id="echo"),
     pytest.param({"echo": True}, False, {}, id="echo without logprobs"),
+    pytest.param({"skip_special_tokens": False}, True, {"skip_special_tokens": False}, id="keep special"),
+    pytest.param({"skip_special_tokens": True}, False, {}, id="skip special: the default"),
 ]
 
 NULLS = [
@@ -428,6 +430,7 @@ NULLS = [
     "logprobs",
     "top_logprobs",
     "echo",
+    "skip_special_tokens",
     "response_format",
     "guided_json",
     "guided_regex",
@@ -476,6 +479,7 @@ SAMPLING_ERRORS = [
     pytest.param({"min_p": -0.1}, False, "min_p", "between", id="min_p negative"),
     pytest.param({"min_tokens": -1}, False, "min_tokens", "integer between 0", id="min_tokens negative"),
     pytest.param({"min_tokens": 1.5}, False, "min_tokens", "integer", id="min_tokens a float"),
+    pytest.param({"skip_special_tokens": 0}, True, "skip_special_tokens", "boolean", id="skip special 0"),
     pytest.param({"logit_bias": [1, 2]}, True, "logit_bias", "object", id="logit_bias a list"),
     pytest.param({"logit_bias": {"a": 1}}, True, "logit_bias", "not a token id", id="bias key not an id"),
     pytest.param({"logit_bias": {"-1": 1}}, True, "logit_bias", "not a token id", id="bias key negative"),
@@ -638,7 +642,6 @@ NOT_HONOURED = [
     ("length_penalty", 0.5, 1, (True, False)),
     ("early_stopping", True, False, (True, False)),
     ("truncate_prompt_tokens", 10, None, (True, False)),
-    ("skip_special_tokens", False, True, (True, False)),
     ("spaces_between_special_tokens", False, True, (True, False)),
     ("logits_processors", ["x"], [], (True, False)),
     ("return_tokens_as_token_ids", True, False, (True, False)),

@@ -17,7 +17,9 @@ from transformers import AutoTokenizer
 from gateway.chat_input import chat_messages
 from gateway.errors import APIError
 from gateway.tokenize import load_tokenizer
-from gateway.tool_calls import ParsedCall, ToolCallParser, parse_output
+from gateway.tool_calls import ParsedCall, ToolCallParser
+from gateway.tool_calls_json import parse_output
+from gateway.tool_formats import HERMES
 from gateway.tools import ToolRequest, parse_tools, prompt_messages
 from loragate.guides import Guide, GuideKind
 from worker.modelzoo.make import ZooPaths
@@ -206,7 +208,16 @@ TIME_CALL = {"name": "get_time", "parameters": NO_PARAMETERS}
 def test_forced_choices_guide_the_output(body: dict[str, Any], calls: list[Any], parallel: bool) -> None:
     request = tools_of({"tools": [WEATHER, TIME], **body})
     assert request is not None
-    value = {"begin": "<tool_call>\n", "end": "\n</tool_call>", "calls": calls, "parallel": parallel}
+    value = {
+        "prefix": "",
+        "begin": "<tool_call>\n",
+        "end": "\n</tool_call>",
+        "separator": "\n",
+        "suffix": "",
+        "args_key": "arguments",
+        "calls": calls,
+        "parallel": parallel,
+    }
     assert request.guide() == Guide(GuideKind.TOOL_CALLS, value)
 
 
@@ -286,12 +297,12 @@ def model_dir(request: pytest.FixtureRequest, zoo: ZooPaths) -> Path:
 
 def render(model: Path, body: dict[str, Any]) -> str:
     tok = load_tokenizer(model)
-    messages, shown = prompt_messages(chat_messages(body), tools_of(body), tok.template_tools)
+    messages, shown = prompt_messages(chat_messages(body), tools_of(body), tok.tool_format)
     return tok.render_chat(messages, tools=shown)
 
 
 def test_templates_without_tools_get_the_default_format(model_dir: Path) -> None:
-    assert not load_tokenizer(model_dir).template_tools
+    assert load_tokenizer(model_dir).tool_format is None
     assert render(model_dir, {"messages": CONVERSATION, "tools": [WEATHER]}) == DEFAULT_FORMAT
 
 
@@ -315,7 +326,8 @@ TOOL_TEMPLATE = """{%- if tools %}<|im_start|>system
 {% endif %}
 {%- for message in messages %}<|im_start|>{{ message.role }}
 {% if message.content %}{{ message.content }}{% endif %}
-{%- for c in message.tool_calls or [] %}<call>{{ c.function.name }}|{{ c.function.arguments.city }}</call>
+{%- for c in message.tool_calls or [] %}<tool_call>{{ c.function.name }}|\
+{{- c.function.arguments.city }}</tool_call>
 {%- endfor %}<|im_end|>
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
@@ -325,7 +337,7 @@ def test_a_template_that_knows_tools_renders_them_as_transformers_does(zoo: ZooP
     model = tmp_path / "tool-model"
     shutil.copytree(zoo.base("tiny"), model)
     (model / "chat_template.jinja").write_text(TOOL_TEMPLATE)
-    assert load_tokenizer(model).template_tools
+    assert load_tokenizer(model).tool_format == HERMES
     ours = render(model, {"messages": CONVERSATION, "tools": [WEATHER]})
     hf_messages = json.loads(json.dumps(CONVERSATION))
     for call in hf_messages[1]["tool_calls"]:  # transformers' convention: arguments as a mapping
@@ -335,7 +347,7 @@ def test_a_template_that_knows_tools_renders_them_as_transformers_does(zoo: ZooP
         hf_messages, tools=[WEATHER], tokenize=False, add_generation_prompt=True
     )
     assert ours == expected
-    assert "<call>get_weather|Paris</call><call>get_weather|Rome</call>" in ours
+    assert "<tool_call>get_weather|Paris</tool_call><tool_call>get_weather|Rome</tool_call>" in ours
 
 
 # --- the output read back ---------------------------------------------------------------------------------
@@ -431,7 +443,7 @@ OUTPUTS = [
 
 @pytest.mark.parametrize(("output", "content", "calls"), OUTPUTS)
 def test_parse_output(output: str, content: str, calls: list[tuple[str, str]]) -> None:
-    assert parse_output(output, NAMES) == (content, [ParsedCall(n, a) for n, a in calls])
+    assert parse_output(output, NAMES, HERMES) == (content, [ParsedCall(n, a) for n, a in calls])
 
 
 def streamed(output: str, sizes: list[int]) -> tuple[str, list[ParsedCall]]:
@@ -447,7 +459,7 @@ def streamed(output: str, sizes: list[int]) -> tuple[str, list[ParsedCall]]:
 def test_streamed_in_any_split_reads_the_same(
     output: str, content: str, calls: list[tuple[str, str]]
 ) -> None:
-    expected = parse_output(output, NAMES)
+    expected = parse_output(output, NAMES, HERMES)
     assert streamed(output, [1] * len(output)) == expected  # character by character
     rng = random.Random(len(output))
     for _ in range(30):

@@ -1,0 +1,197 @@
+"""Tool calling, output side, for the formats whose calls are bare JSON (`gateway.tool_formats`):
+`llama3_json` (the answer starts with the call) and `mistral` (calls as a JSON list after `[TOOL_CALLS]`).
+
+Both parsers have the `hermes` parser's contract (`gateway.tool_calls.ToolCallParser`): `feed` yields text
+and complete calls in order, holding back only what may still become a call; `close` reads what is left.
+A JSON value can only be complete at a closing bracket, so decoding is tried only when one arrives, and a
+would-be call that grows past `MAX_CALL_CHARS` without completing is text. Anything that is not a call to
+one of the request's tools stays text, verbatim, marker included. Whitespace around calls is not content.
+`make_parser` picks the parser of a format; `parse_output` reads a whole answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from gateway.tool_calls import ParsedCall, Piece, ToolCallParser, held, read_call
+from gateway.tool_formats import LLAMA3_JSON, MISTRAL, ToolFormat
+
+PYTHON_TAG = "<|python_tag|>"
+MISTRAL_MARK = "[TOOL_CALLS]"
+MAX_CALL_CHARS = 1 << 16
+_DECODER = json.JSONDecoder()
+
+
+class CallParser(Protocol):
+    def feed(self, text: str) -> list[Piece]: ...
+
+    def close(self) -> list[Piece]: ...
+
+
+def _decode(text: str, at: int) -> tuple[Any, int] | None:
+    """The JSON value starting at `text[at]` and where it ends; None if it is not (yet) complete."""
+    try:
+        return _DECODER.raw_decode(text, at)
+    except ValueError:
+        return None
+
+
+def _skip(text: str, at: int, chars: str = " \t\r\n") -> int:
+    while at < len(text) and text[at] in chars:
+        at += 1
+    return at
+
+
+class LeadingJsonParser:
+    """`llama3_json`: an answer that starts (after whitespace and `<|python_tag|>`) with `{` may be calls,
+    `{"name", "parameters" | "arguments"}` separated by `;`: it is held until its first object is whole.
+    That object is a call, or the whole answer is text. Whatever follows the calls is text."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+        self.buf = ""  # everything fed since the start (start, calls) or not yet returned (text)
+        self.mode = "start"  # start | calls | text
+        self.pos = 0  # calls: where the next call would start in `buf`
+        self.found = 0  # calls read
+
+    def feed(self, text: str) -> list[Piece]:
+        self.buf += text
+        if self.mode == "start":
+            self._start()
+        out: list[Piece] = []
+        if self.mode == "calls" and ("}" in text or len(self.buf) - self.pos > MAX_CALL_CHARS):
+            out = self._calls(final=False)
+        if self.mode == "text" and self.buf:
+            out.append(self.buf)
+            self.buf = ""
+        return out
+
+    def close(self) -> list[Piece]:
+        out: list[Piece] = self._calls(final=True) if self.mode == "calls" else []
+        rest, self.buf = self.buf, ""
+        return out + ([rest] if rest else [])
+
+    def _start(self) -> None:
+        head = self.buf.lstrip()
+        if head.startswith(PYTHON_TAG):
+            head = head[len(PYTHON_TAG) :].lstrip()
+        elif PYTHON_TAG.startswith(head):
+            return  # empty, or maybe the tag
+        if head.startswith("{"):
+            self.mode, self.pos = "calls", len(self.buf) - len(head)
+        elif head:
+            self.mode = "text"
+
+    def _calls(self, final: bool) -> list[Piece]:
+        out: list[Piece] = []
+        while True:
+            if self.found:  # after a call: whitespace, maybe `;`, then the next call or the end
+                self.pos = _skip(self.buf, self.pos)
+                if self.buf.startswith(";", self.pos):
+                    self.pos = _skip(self.buf, self.pos + 1)
+                if self.pos == len(self.buf) and not final:
+                    return out
+                if not self.buf.startswith("{", self.pos):
+                    break
+            decoded = _decode(self.buf, self.pos)
+            if decoded is None:
+                if final or len(self.buf) - self.pos > MAX_CALL_CHARS:
+                    break
+                return out
+            call = read_call(decoded[0], self.names, ("parameters", "arguments"))
+            if call is None:
+                break
+            out.append(call)
+            self.found += 1
+            self.pos = decoded[1]
+        # Not (or no more) calls: the whole answer is text if nothing was a call, else what follows them.
+        self.buf = self.buf if not self.found else self.buf[self.pos :]
+        self.mode = "text"
+        return out
+
+
+class MarkedListParser:
+    """`mistral`: text until `[TOOL_CALLS]`, then a JSON list of calls `{"name", "arguments"}` (or one
+    call object). The list is read when whole: every item a call, or all of it text, marker included."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+        self.buf = ""
+        self.inside = False  # after the marker (buf: what followed it)
+        self.after_call = False  # whitespace right after calls is dropped
+        self.space = ""  # the whitespace before the marker: dropped if calls follow
+
+    def feed(self, text: str) -> list[Piece]:
+        self.buf += text
+        out: list[Piece] = []
+        while True:
+            if self.inside:
+                if not self._read(out, final=False):
+                    return out
+                continue
+            if self.after_call:
+                self.buf = self.buf.lstrip()
+                if not self.buf:
+                    return out
+                self.after_call = False
+            start = self.buf.find(MISTRAL_MARK)
+            if start >= 0:
+                head = self.buf[:start].rstrip()
+                if head:
+                    out.append(head)
+                self.space = self.buf[len(head) : start]
+                self.buf = self.buf[start + len(MISTRAL_MARK) :]
+                self.inside = True
+                continue
+            ready = len(self.buf) - held(self.buf, MISTRAL_MARK)
+            if ready:
+                out.append(self.buf[:ready])
+                self.buf = self.buf[ready:]
+            return out
+
+    def close(self) -> list[Piece]:
+        out: list[Piece] = []
+        if self.inside:
+            self._read(out, final=True)
+        rest, self.buf = self.buf, ""
+        if self.after_call:
+            rest = rest.lstrip()
+        return out + ([rest] if rest else [])
+
+    def _read(self, out: list[Piece], final: bool) -> bool:
+        """Read the list after a marker into `out`; False while it may still be incomplete."""
+        at = _skip(self.buf, 0)
+        decoded = _decode(self.buf, at) if at < len(self.buf) else None
+        if decoded is None and not final and len(self.buf) <= MAX_CALL_CHARS:
+            return False
+        self.inside = False
+        if decoded is not None:
+            items = decoded[0] if isinstance(decoded[0], list) else [decoded[0]]
+            calls = [read_call(item, self.names) for item in items]
+            if items and all(c is not None for c in calls):
+                out.extend(c for c in calls if c is not None)
+                self.buf, self.after_call = self.buf[decoded[1] :], True
+                return True
+            text = self.space + MISTRAL_MARK + self.buf[: decoded[1]]
+            self.buf = self.buf[decoded[1] :]
+        else:
+            text, self.buf = self.space + MISTRAL_MARK + self.buf, ""
+        out.append(text)
+        return True
+
+
+def make_parser(fmt: ToolFormat, names: frozenset[str]) -> CallParser:
+    if fmt.name == LLAMA3_JSON.name:
+        return LeadingJsonParser(names)
+    if fmt.name == MISTRAL.name:
+        return MarkedListParser(names)
+    return ToolCallParser(names)
+
+
+def parse_output(text: str, names: frozenset[str], fmt: ToolFormat) -> tuple[str, list[ParsedCall]]:
+    """A whole output: its content (the text pieces joined) and its calls."""
+    parser = make_parser(fmt, names)
+    pieces = parser.feed(text) + parser.close()
+    content = "".join(p for p in pieces if isinstance(p, str))
+    return content, [p for p in pieces if isinstance(p, ParsedCall)]
