@@ -71,8 +71,8 @@ def detect(template: str | None) -> ToolFormat | None:
     syntax loragate cannot read back (those requests use the default format)."""
     if not template or "tools" not in template:
         return None
-    if "[TOOL_CALLS]" in template:
-        return MISTRAL
+    if "[TOOL_CALLS]" in template:  # the list form; newer templates' `[TOOL_CALLS]name[ARGS]{...}` is not it
+        return None if "[ARGS]" in template else MISTRAL
     if "<tool_call>" in template:
         return HERMES
     if "<|python_tag|>" in template or ("<|start_header_id|>" in template and '"parameters"' in template):

@@ -40,6 +40,7 @@ TIME = {"type": "function", "function": {"name": "get_time"}}
         pytest.param(None, None, id="no template"),
         pytest.param("{{ messages[0].content }}", None, id="no tools"),
         pytest.param(MISTRAL_TEMPLATE, MISTRAL, id="mistral"),
+        pytest.param("{{ tools }}[TOOL_CALLS]{{ name }}[ARGS]{{ args }}", None, id="mistral name-args form"),
         pytest.param(LLAMA3_TEMPLATE, LLAMA3_JSON, id="llama3 (headers and parameters)"),
         pytest.param("{% if tools %}<|python_tag|>{% endif %}", LLAMA3_JSON, id="llama3 python tag"),
         pytest.param("{% for t in tools %}<tool_call>{{ t }}</tool_call>{% endfor %}", HERMES, id="hermes"),
