@@ -119,9 +119,11 @@ def live(zoo: ZooPaths, redis_url: str, body: Callable[[GatewayContext], Awaitab
     """`body` on a live gateway context whose fleet view is not refreshed from Redis after it starts: no
     worker here acknowledges (and deletes) the queued entries as a real one does when it finishes, so a
     refresh would count them again; frozen, the view's queue lengths move only by this gateway's own
-    reservations, and `outstanding` is exactly what they still hold."""
+    reservations, and `outstanding` is exactly what they still hold. The reaper refreshes the view too
+    (each sweep, every second: a slow run reaches one), so it is stopped first."""
 
     async def frozen(ctx: GatewayContext) -> None:
+        await ctx.reaper.stop()
         # Stopped between refreshes (right after one ends: its loop is then asleep), never inside one,
         # which would leave a Redis connection checked out and unclosed.
         ctx.fleet.refreshed.clear()
