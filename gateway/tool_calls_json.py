@@ -3,8 +3,10 @@
 
 Both parsers have the `hermes` parser's contract (`gateway.tool_calls.ToolCallParser`): `feed` yields text
 and complete calls in order, holding back only what may still become a call; `close` reads what is left.
-A JSON value can only be complete at a closing bracket, so decoding is tried only when one arrives, and a
-would-be call that grows past `MAX_CALL_CHARS` without completing is text. Anything that is not a call to
+Whether a would-be call's JSON value has closed is tracked character by character as text arrives
+(`ValueEnd`: brackets outside strings), so it is decoded once, when whole — never re-scanned on every
+token, which a long answer could make quadratic — and a would-be call that grows past `MAX_CALL_CHARS`
+without closing is text. Anything that is not a call to
 one of the request's tools stays text, verbatim, marker included. Whitespace around calls is not content.
 `make_parser` picks the parser of a format; `parse_output` reads a whole answer.
 """
@@ -37,6 +39,41 @@ def _decode(text: str, at: int) -> tuple[Any, int] | None:
         return None
 
 
+class ValueEnd:
+    """Whether the JSON value starting at `start` in a growing text has closed: its brackets outside
+    strings balance. Each character is looked at once, however often `ended` is asked."""
+
+    def __init__(self) -> None:
+        self._reset(-1)
+
+    def _reset(self, start: int) -> None:
+        self.start = self.scanned = start
+        self.depth, self.in_string, self.escaped, self.closed = 0, False, False, False
+
+    def ended(self, text: str, start: int) -> bool:
+        if start != self.start:  # a new value: forget the last one
+            self._reset(start)
+        for ch in text[self.scanned :] if not self.closed else "":
+            self.scanned += 1
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.closed = True
+                    break
+        return self.closed
+
+
 def _skip(text: str, at: int, chars: str = " \t\r\n") -> int:
     while at < len(text) and text[at] in chars:
         at += 1
@@ -54,13 +91,14 @@ class LeadingJsonParser:
         self.mode = "start"  # start | calls | text
         self.pos = 0  # calls: where the next call would start in `buf`
         self.found = 0  # calls read
+        self.value = ValueEnd()
 
     def feed(self, text: str) -> list[Piece]:
         self.buf += text
         if self.mode == "start":
             self._start()
         out: list[Piece] = []
-        if self.mode == "calls" and ("}" in text or len(self.buf) - self.pos > MAX_CALL_CHARS):
+        if self.mode == "calls":
             out = self._calls(final=False)
         if self.mode == "text" and self.buf:
             out.append(self.buf)
@@ -94,11 +132,13 @@ class LeadingJsonParser:
                     return out
                 if not self.buf.startswith("{", self.pos):
                     break
-            decoded = _decode(self.buf, self.pos)
-            if decoded is None:
-                if final or len(self.buf) - self.pos > MAX_CALL_CHARS:
+            if not final and not self.value.ended(self.buf, self.pos):
+                if len(self.buf) - self.pos > MAX_CALL_CHARS:
                     break
                 return out
+            decoded = _decode(self.buf, self.pos)
+            if decoded is None:
+                break
             call = read_call(decoded[0], self.names, ("parameters", "arguments"))
             if call is None:
                 break
@@ -121,6 +161,7 @@ class MarkedListParser:
         self.inside = False  # after the marker (buf: what followed it)
         self.after_call = False  # whitespace right after calls is dropped
         self.space = ""  # the whitespace before the marker: dropped if calls follow
+        self.value = ValueEnd()
 
     def feed(self, text: str) -> list[Piece]:
         self.buf += text
@@ -162,10 +203,12 @@ class MarkedListParser:
     def _read(self, out: list[Piece], final: bool) -> bool:
         """Read the list after a marker into `out`; False while it may still be incomplete."""
         at = _skip(self.buf, 0)
-        decoded = _decode(self.buf, at) if at < len(self.buf) else None
-        if decoded is None and not final and len(self.buf) <= MAX_CALL_CHARS:
+        whole = at < len(self.buf) and self.value.ended(self.buf, at)
+        if not final and not whole and len(self.buf) <= MAX_CALL_CHARS:
             return False
+        decoded = _decode(self.buf, at) if at < len(self.buf) else None
         self.inside = False
+        self.value = ValueEnd()
         if decoded is not None:
             items = decoded[0] if isinstance(decoded[0], list) else [decoded[0]]
             calls = [read_call(item, self.names) for item in items]

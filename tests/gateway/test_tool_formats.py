@@ -99,6 +99,14 @@ OUTPUTS = [
         id="llama3 a call after text is text",
     ),
     pytest.param(LLAMA3_JSON, '{"name": "get_ti', '{"name": "get_ti', [], id="llama3 cut short"),
+    pytest.param(
+        LLAMA3_JSON,
+        '{"name": "get_weather", "parameters": {"city": "}]\\"{[ x"}}',
+        "",
+        [("get_weather", '{"city": "}]\\"{[ x"}')],
+        id="llama3 brackets and quotes inside a string",
+    ),
+    pytest.param(LLAMA3_JSON, '{"name": "x"}} {', '{"name": "x"}} {', [], id="llama3 closed, not a call"),
     pytest.param(LLAMA3_JSON, "<|python", "<|python", [], id="llama3 half a tag"),
     pytest.param(LLAMA3_JSON, "  ", "  ", [], id="llama3 whitespace"),
     pytest.param(
@@ -139,6 +147,14 @@ OUTPUTS = [
     ),
     pytest.param(MISTRAL, "[1, 2] [TOOL", "[1, 2] [TOOL", [], id="mistral half a marker at the end"),
     pytest.param(MISTRAL, "no calls", "no calls", [], id="mistral text"),
+    pytest.param(
+        MISTRAL,
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "a]}\\\\"}}] done',
+        "done",
+        [("get_weather", '{"city": "a]}\\\\"}')],
+        id="mistral brackets and an escaped backslash in a string",
+    ),
+    pytest.param(MISTRAL, "[TOOL_CALLS] [oops] then", "[TOOL_CALLS] [oops] then", [], id="mistral bad JSON"),
 ]
 
 
