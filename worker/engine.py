@@ -14,6 +14,7 @@ the managers (`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer
@@ -39,6 +40,9 @@ from worker.models import load_model_config
 from worker.sampler import Sampler
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from xgrammar import CompiledGrammar
 
 
 class LLMEngine:
@@ -96,7 +100,19 @@ class LLMEngine:
         self._last_snapshot = self.snapshot()
 
     # -- requests -------------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, grammar: CompiledGrammar | None = None) -> None:
+        """Add `request` (ValueError, saying why, if it cannot run). A guided request's `grammar` is its
+        guide compiled by `grammar.compile` (a worker does it off this thread); compiled now if not given."""
+        self.check_request(request)
+        matcher = self.grammar.start(request, grammar)  # ValueError if its guide cannot be honoured
+        tracked = self.requests[request.request_id] = track(
+            request, self.detokenizer, self.config.device, matcher
+        )
+        self.scheduler.add(tracked.seq)
+
+    def check_request(self, request: Request) -> None:
+        """`add_request`'s checks but its guide's (ValueError, saying why, if `request` cannot run); its
+        adapter is read into host memory if it is not there."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         check_request(request, self.info, self.blocks.num_blocks)
@@ -104,11 +120,6 @@ class LLMEngine:
             if not self.adapters.known(request.adapter):
                 raise ValueError(f"unknown adapter {request.adapter!r}")
             self.adapters.ensure_host(request.adapter)  # reads and validates now, not mid-step
-        matcher = self.grammar.start(request)  # compiles its guide, if any (ValueError if it cannot)
-        tracked = self.requests[request.request_id] = track(
-            request, self.detokenizer, self.config.device, matcher
-        )
-        self.scheduler.add(tracked.seq)
 
     def warm_grammar(self) -> None:
         """Load the structured-output engine now (seconds); meant for a background thread at start-up,
