@@ -20,6 +20,7 @@ from loragate.guides import Guide, GuideKind
 from loragate.messages import QueuedRequest
 from loragate.redis_url import connect_sync
 from loragate.types import Request, SamplingParams
+from tests.redis_process import redis_process
 from tests.worker.test_service import collect, enqueue, prompt, running
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
@@ -228,3 +229,29 @@ def test_an_unstarted_abort_reports_what_the_engine_reports_for_an_abort_before_
     engine.abort("a")
     [out] = engine.step()
     assert unstarted_abort(request) == out
+
+
+def test_a_drain_while_redis_is_down_leaves_a_compiling_request_pending(zoo: ZooPaths) -> None:
+    """Stopping at once (a drain during an outage) must not lose a request still compiling: its entry stays
+    pending on the worker, unacknowledged, for a reaper to re-route."""
+    with redis_process(persistent=True) as server:
+        client = server.client()
+        service, gated = gated_service(zoo, connect_sync(server.url))
+        thread = threading.Thread(target=service.run, daemon=True)
+        thread.start()
+        try:
+            enqueue(client, guided("kept", 1))
+            wait_for(lambda: "kept" in service.intake.compiles, "the compile")
+            server.kill()
+            time.sleep(0.5)  # the worker is in its outage loop now
+            service.drain()
+            thread.join(10)
+            assert not thread.is_alive(), "the worker ignored the drain while Redis was down"
+            server.start()
+            client = server.client()
+            assert pending(client) == 1 and client.xlen(contracts.output("kept")) == 0
+        finally:
+            gated.gate.set()
+            service.drain()
+            thread.join(30)
+            client.close()
