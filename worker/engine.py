@@ -5,10 +5,11 @@ of requests offline to completion. A step samples after the request's logits pro
 (`worker.logits_processors`: penalties, bias, min_tokens) and reports log-probabilities of the raw logits
 (`worker.logprobs`) for the requests that ask. Everything a request can get wrong — unknown adapter, a
 prompt too long for the context or the KV pool, token ids outside the vocabulary — fails in `add_request`,
-never mid-step (the checks and each request's state: `worker.engine_requests`). What the service publishes
-about the engine it reads through `info` (fixed facts), `snapshot()` (load and cache counters),
-`drain_events()` / `state_events()` (KV and adapter events for the routers) and the adapter methods below;
-the managers (`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
+never mid-step (the checks and each request's state: `worker.engine_requests`); a worker runs
+`check_request` first and adds a guided request once its guide compiled on another thread (`add_request`'s
+`grammar`). What the service publishes about the engine it reads through `info` (fixed facts), `snapshot()`
+(load and cache counters), `drain_events()` / `state_events()` (KV and adapter events for the routers) and
+the adapter methods below; the managers (`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ with an error event (deadline passed, bad adapter, a request the engine refuses)
 guide is not compiled yet is held like the others but reaches the engine only once its grammar compiled on
 the compile threads (`worker.service_compiles`, picked up by `start_compiled` on the step thread): it counts
 against the room for new reads meanwhile, a re-read of its entry finds it held, and a cancel or a re-sync
-that drops it forgets it (`cancel`, `discard`). An entry is acknowledged
-and deleted only after its request's last event is written. A queue or group that vanished (deleted by
-hand, or a Redis that restarted empty) is made again. What was held across an outage is the ledger's
+that drops it forgets it (`cancel`, `discard`). An entry is acknowledged and deleted only after its
+request's last event is written. A queue or group that vanished (deleted by hand, or a Redis that restarted
+empty) is made again. What was held across an outage is the ledger's
 (`worker.ledger`); the step's own reads and acks ride in the service's pipeline (`add_read`, `add_acks`).
 """
 
