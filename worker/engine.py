@@ -5,15 +5,17 @@ of requests offline to completion. A step samples after the request's logits pro
 (`worker.logits_processors`: penalties, bias, min_tokens) and reports log-probabilities of the raw logits
 (`worker.logprobs`) for the requests that ask. Everything a request can get wrong — unknown adapter, a
 prompt too long for the context or the KV pool, token ids outside the vocabulary — fails in `add_request`,
-never mid-step (the checks and each request's state: `worker.engine_requests`). What the service publishes
-about the engine it reads through `info` (fixed facts), `snapshot()` (load and cache counters),
-`drain_events()` / `state_events()` (KV and adapter events for the routers) and the adapter methods below;
-the managers (`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
+never mid-step (the checks and each request's state: `worker.engine_requests`); a worker runs
+`check_request` first and adds a guided request once its guide compiled on another thread (`add_request`'s
+`grammar`). What the service publishes about the engine it reads through `info` (fixed facts), `snapshot()`
+(load and cache counters), `drain_events()` / `state_events()` (KV and adapter events for the routers) and
+the adapter methods below; the managers (`scheduler`, `blocks`, `adapters`, ...) are the engine's own.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer
@@ -39,6 +41,9 @@ from worker.models import load_model_config
 from worker.sampler import Sampler
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from xgrammar import CompiledGrammar
 
 
 class LLMEngine:
@@ -96,7 +101,19 @@ class LLMEngine:
         self._last_snapshot = self.snapshot()
 
     # -- requests -------------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, grammar: CompiledGrammar | None = None) -> None:
+        """Add `request` (ValueError, saying why, if it cannot run). A guided request's `grammar` is its
+        guide compiled by `grammar.compile` (a worker does it off this thread); compiled now if not given."""
+        self.check_request(request)
+        matcher = self.grammar.start(request, grammar)  # ValueError if its guide cannot be honoured
+        tracked = self.requests[request.request_id] = track(
+            request, self.detokenizer, self.config.device, matcher
+        )
+        self.scheduler.add(tracked.seq)
+
+    def check_request(self, request: Request) -> None:
+        """`add_request`'s checks but its guide's (ValueError, saying why, if `request` cannot run); its
+        adapter is read into host memory if it is not there."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         check_request(request, self.info, self.blocks.num_blocks)
@@ -104,11 +121,6 @@ class LLMEngine:
             if not self.adapters.known(request.adapter):
                 raise ValueError(f"unknown adapter {request.adapter!r}")
             self.adapters.ensure_host(request.adapter)  # reads and validates now, not mid-step
-        matcher = self.grammar.start(request)  # compiles its guide, if any (ValueError if it cannot)
-        tracked = self.requests[request.request_id] = track(
-            request, self.detokenizer, self.config.device, matcher
-        )
-        self.scheduler.add(tracked.seq)
 
     def warm_grammar(self) -> None:
         """Load the structured-output engine now (seconds); meant for a background thread at start-up,

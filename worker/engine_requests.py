@@ -9,7 +9,8 @@ for an accepted request (`Tracked`): its sequence, its sampling generator (seede
 else at random; none when greedy), its incremental detokenizer, replayed over any resumed tokens so the
 text continues right after what the client already has, its guide's grammar matcher if it has one, and
 its prompt logprobs as they are computed, until they go out with its first output. `request_output` is
-one step's report on it.
+one step's report on it; `unstarted_abort` the same report for a request aborted before it was added (a
+worker's, while its guide compiled).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from loragate.types import Request, RequestOutput, TokenLogprob
+from loragate.types import FinishReason, Request, RequestOutput, TokenLogprob
 from worker.detokenizer import DetokenizerState, IncrementalDetokenizer
 from worker.engine_types import EngineInfo
 from worker.sampler import generator_seed
@@ -110,4 +111,20 @@ def request_output(
         cached_tokens=seq.num_cached_tokens,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+    )
+
+
+def unstarted_abort(request: Request) -> RequestOutput:
+    """The final output of `request` aborted before it was added to the engine: what the engine reports
+    for one it aborts before its first step."""
+    seq = Sequence.from_request(request)
+    return RequestOutput(
+        request_id=request.request_id,
+        new_token_ids=(),
+        text_delta="",
+        finished=True,
+        finish_reason=FinishReason.ABORT,
+        prompt_tokens=seq.num_prompt_tokens,
+        completion_tokens=seq.num_output_tokens,
+        cached_tokens=seq.num_cached_tokens,
     )

@@ -11,14 +11,18 @@ pick. A complete grammar that may still go on (`[0-9]+`) leaves the choice to th
 it like any request.
 
 What each kind compiles to, and which guides are refused: `worker.grammar_compile`. A guide that cannot
-be honoured raises ValueError in `LLMEngine.add_request` (the service answers 400).
+be honoured raises ValueError in `compile` (the service answers 400). Compiling is split from starting a
+request's matcher: `compile` is thread-safe (xgrammar's compiler is, and releases the GIL while it works),
+so a worker compiles a new guide on threads of its own (`worker.service_compiles`) — 1–10 ms for a typical
+schema, seconds for a big one, which on the step thread would stall every running sequence — and adds the
+request with its compiled grammar; `LLMEngine.add_request` compiles on its caller's thread when given none.
 
 xgrammar (it imports transformers: ~1 s) and its tokenizer tables (~0.4 s on a 49k vocabulary) are not
 loaded with the engine: a worker service loads them on a background thread as it starts (`warm`), so the
 first guided request does not stall the running ones; an engine used alone loads them on its first.
 The tables cover the model's logits width (config `vocab_size`, which may exceed the tokenizer's), with
-the model's EOS ids as the stop tokens. Compiled grammars are cached (bounded) by the compiler, keyed by
-the guide's text.
+the model's EOS ids as the stop tokens. Compiled grammars are cached (bounded, `worker.grammar_cache`), keyed
+by the guide's text.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ import numpy as np
 import torch
 
 from loragate.guides import Guide
-from loragate.types import Request
+from loragate.types import Request, SamplingParams
 from worker.device import is_cuda
+from worker.grammar_cache import GrammarCache
 from worker.grammar_compile import compile_guide
 
 if TYPE_CHECKING:
@@ -61,7 +66,8 @@ class GrammarStats:
 
 
 class GuidedDecoding:
-    """The engine's grammar side: compile guides, mask guided rows, advance their matchers."""
+    """The engine's grammar side: compile guides (`compile`, from any thread), start a request's matcher
+    (`start`), mask guided rows, advance their matchers."""
 
     def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...], device: str):
         self.tokenizer_file = model_dir / "tokenizer.json"
@@ -69,6 +75,7 @@ class GuidedDecoding:
         self.eos_token_ids = tuple(eos_token_ids)
         self.device = device
         self.stats = GrammarStats()
+        self.cache = GrammarCache(CACHE_BYTES)
         self._loading = threading.Lock()  # one thread loads xgrammar and the tables; the others wait
 
     def warm(self) -> None:
@@ -82,20 +89,40 @@ class GuidedDecoding:
         return "_compiler" in self.__dict__ and "_batcher" in self.__dict__
 
     # -- requests ---------------------------------------------------------------------------------
-    def start(self, request: Request) -> xgr.GrammarMatcher | None:
-        """The matcher for `request`'s guide, replayed over its resumed tokens; None without a guide.
-        Raises ValueError if the guide is not one or does not compile, or cannot be honoured."""
-        p = request.params
-        if not p.guide:
+    def compile(self, params: SamplingParams) -> xgr.CompiledGrammar | None:
+        """The compiled grammar of `params`' guide (None without one), from the cache or compiled now.
+        Safe from any thread (the worker's compile threads call it); raises ValueError, with the message
+        for the client, if the guide is not one, does not compile, or cannot be honoured."""
+        if not params.guide:
             return None
-        guide = Guide.from_json(p.guide)
-        if p.ignore_eos:
+        guide = Guide.from_json(params.guide)
+        if params.ignore_eos:
             # The matcher ends the output where the grammar does (EOS is then its only token): it cannot
             # also be made to run on to max_tokens.
             raise ValueError("ignore_eos cannot be combined with a structured-output guide")
-        with self._loading:
-            compiler = self._compiler
-        matcher = self._xgr.GrammarMatcher(compile_guide(compiler, guide))
+        compiled = self.cache.get(params.guide)
+        if compiled is None:
+            with self._loading:
+                compiler = self._compiler
+            compiled = compile_guide(compiler, guide)
+            self.cache.put(params.guide, compiled, compiled.memory_size_bytes)
+        return compiled
+
+    def is_compiled(self, params: SamplingParams) -> bool:
+        """True when `params`' guide is in the cache: `compile` then costs only a JSON parse."""
+        return params.guide in self.cache
+
+    def start(
+        self, request: Request, compiled: xgr.CompiledGrammar | None = None
+    ) -> xgr.GrammarMatcher | None:
+        """The matcher for `request`'s guide, replayed over its resumed tokens; None without a guide.
+        `compiled` is its guide's grammar from `compile` (compiled now if not given). Raises ValueError
+        as `compile` does, or if the resumed tokens break the guide."""
+        if not request.params.guide:
+            return None
+        if compiled is None:
+            compiled = self.compile(request.params)
+        matcher = self._xgr.GrammarMatcher(compiled)
         for token in request.resume_token_ids:
             if not matcher.accept_token(token):
                 raise ValueError("the resumed tokens do not follow the request's structured-output guide")
@@ -172,7 +199,7 @@ class GuidedDecoding:
         info = self._xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=self.vocab_size, stop_token_ids=list(self.eos_token_ids)
         )
-        return self._xgr.GrammarCompiler(info, cache_limit_bytes=CACHE_BYTES)
+        return self._xgr.GrammarCompiler(info, cache_enabled=False)  # `self.cache` keeps them
 
     @cached_property
     def _batcher(self) -> xgr.BatchGrammarMatcher:

@@ -7,8 +7,9 @@ last event that was (never before it), the previous step's KV events (`worker.kv
 non-blocking read of newly queued requests (only as many as the engine can start soon, so the rest wait
 in Redis where they can be re-routed). The heartbeat has a thread of its own (`worker.heartbeat`), fed a
 state snapshot by this loop, so a long step never makes the worker look dead. SIGTERM drains: the
-heartbeat says `draining`, no new admissions, running requests finish, then the heartbeat is removed so
-gateways re-route whatever is still queued. A drain while Redis is down stops the worker at once: what
+heartbeat says `draining`, no new admissions, running requests finish (and those whose guides still
+compile, `worker.service_compiles`, start and finish), then the heartbeat is removed so gateways re-route
+whatever is still queued. A drain while Redis is down stops the worker at once: what
 runs cannot be delivered anyway, and the gateways re-route it from its queue.
 
 Redis may vanish at any moment, for any length of time. Every event is kept in memory until its request
@@ -40,6 +41,7 @@ from worker.kv_events import KVEventLog
 from worker.ledger import Held, Ledger
 from worker.registry import AdapterRegistry
 from worker.service_cancels import CancelFeed
+from worker.service_compiles import CompileFn
 from worker.service_intake import Intake
 from worker.service_outputs import OutputWriter
 
@@ -47,6 +49,7 @@ log = logging.getLogger("loragate.worker")
 
 REGISTRY_SYNC_S = 1.0
 SNAPSHOT_S = 0.2  # how often the engine loop hands the heartbeat a fresh state
+COMPILE_WAIT_S = 0.05  # an idle loop waiting for a guide to compile looks at cancels and the queue this often
 
 
 class WorkerService:
@@ -60,6 +63,7 @@ class WorkerService:
         max_waiting: int = 8,
         tracer: Tracer | None = None,
         heartbeat: Heartbeat | None = None,
+        compile_fn: CompileFn | None = None,
     ):
         self.engine, self.redis, self.worker_id, self.model_name = engine, r, worker_id, model_name
         # No command of this loop may reach a restarted Redis before `_resync` has repaired it.
@@ -67,8 +71,9 @@ class WorkerService:
         self.guard.install(r)
         self.registry = registry
         self.ledger = Ledger(r, worker_id)
+        # `compile_fn`: how guides compile on the intake's threads (tests slow it down); the engine's.
         self.intake = Intake(
-            r, worker_id, engine, registry, self.ledger, max_waiting, traced=tracer is not None
+            r, worker_id, engine, registry, self.ledger, max_waiting, tracer is not None, compile_fn
         )
         self.outputs = OutputWriter(self.ledger, worker_id, tracer)
         self.cancels = CancelFeed(r)
@@ -101,6 +106,7 @@ class WorkerService:
         finally:
             self.heartbeat.remove()
             self.cancels.close()
+            self.intake.close()
             self.stopped.set()
 
     def _warm_grammar(self) -> None:
@@ -141,16 +147,28 @@ class WorkerService:
         )
 
     def _serve(self) -> None:
-        while not (self.draining.is_set() and not self.engine.has_work()):
+        while not (self.draining.is_set() and not self._has_work()):
             self._tick()
             self._poll_cancels()
-            if not self.engine.has_work():
+            self.intake.start_compiled()
+            if not self.engine.has_work() and not self.intake.aborted:
                 self.kv_events.emit(self.redis, self.kv_events.deferred)
                 self.kv_events.deferred = []
-                if not self.draining.is_set():  # idle: wait in Redis for work, then step at once
-                    self.intake.admit(pending=False, block_ms=100)
+                if not self.intake.compiles:
+                    if not self.draining.is_set():  # idle: wait in Redis for work, then step at once
+                        self.intake.admit(pending=False, block_ms=100)
+                    continue
+                # Only guides compiling: read what is queued without waiting, then wait for a compile.
+                if not self.draining.is_set():
+                    self.intake.admit(pending=False)
+                if not self.engine.has_work():
+                    self.intake.compiles.ready.wait(COMPILE_WAIT_S)
                 continue
-            self._flush(self.engine.step())
+            self._flush(self.engine.step() + self.intake.take_aborted())
+
+    def _has_work(self) -> bool:
+        """Requests running, or held but not yet in the engine (their guides compiling): a drain waits."""
+        return self.engine.has_work() or self.intake.has_work()
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -163,7 +181,7 @@ class WorkerService:
 
     def _poll_cancels(self) -> None:
         for rid in self.cancels.requested():
-            if rid in self.active:
+            if rid in self.active and not self.intake.cancel(rid):  # not compiling: in the engine
                 self.engine.abort(rid)
 
     # -- re-sync: at start, after outages ---------------------------------------------------------
@@ -194,7 +212,8 @@ class WorkerService:
         """The ledger's repairs, in order, then our pending entries that no request holds yet."""
         dropped, others = self.ledger.reclaim(lost=lost)
         for rid in dropped:
-            self.engine.abort(rid)  # its abort output is no longer ours: the ledger ignores it
+            if not self.intake.discard(rid):  # compiling: forgotten, never started
+                self.engine.abort(rid)  # its abort output is no longer ours: the ledger ignores it
         for entry_id, msg in others:
             self.intake.start(entry_id, msg, pending=False)
         self.ledger.repair(restarted)

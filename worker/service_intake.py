@@ -4,9 +4,13 @@ Requests are read with `XREADGROUP` — new ones (">") only as many as the engin
 rest wait in Redis where gateways can re-route them; this worker's own pending ones ("0") at every re-sync
 — and each is started in the engine, continuing right after whatever its output stream already holds (a
 previous worker, or this one before an outage, may have streamed part of it), or failed to its client
-with an error event (deadline passed, bad adapter, a request the engine refuses). An entry is acknowledged
-and deleted only after its request's last event is written. A queue or group that vanished (deleted by
-hand, or a Redis that restarted empty) is made again. What was held across an outage is the ledger's
+with an error event (deadline passed, bad adapter, a request the engine refuses). A guided request whose
+guide is not compiled yet is held like the others but reaches the engine only once its grammar compiled on
+the compile threads (`worker.service_compiles`, picked up by `start_compiled` on the step thread): it counts
+against the room for new reads meanwhile, a re-read of its entry finds it held, and a cancel or a re-sync
+that drops it forgets it (`cancel`, `discard`). An entry is acknowledged and deleted only after its
+request's last event is written. A queue or group that vanished (deleted by hand, or a Redis that restarted
+empty) is made again. What was held across an outage is the ledger's
 (`worker.ledger`); the step's own reads and acks ride in the service's pipeline (`add_read`, `add_acks`).
 """
 
@@ -23,11 +27,13 @@ from redis.client import Pipeline
 
 from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest
-from loragate.types import Request
+from loragate.types import Request, RequestOutput
 from worker.engine import LLMEngine
+from worker.engine_requests import unstarted_abort
 from worker.ledger import Held, Ledger, read_entries
 from worker.lora import AdapterError
 from worker.registry import AdapterRegistry
+from worker.service_compiles import CompileFn, GrammarCompiles
 from worker.service_outputs import add_event, already_streamed
 from worker.tracing_spans import RequestTimeline
 
@@ -44,11 +50,15 @@ class Intake:
         ledger: Ledger,
         max_waiting: int,
         traced: bool,
+        compile_fn: CompileFn | None = None,
     ):
         self.redis, self.worker_id, self.queue = r, worker_id, contracts.queue(worker_id)
         self.engine, self.registry, self.ledger = engine, registry, ledger
         self.max_waiting = max_waiting
         self.traced = traced  # keep a timeline of each request, for its spans
+        # `compile_fn`: how a guide compiles (on the pool): the engine's thread-safe compile by default.
+        self.compiles = GrammarCompiles(compile_fn or engine.grammar.compile, name=f"compile-{worker_id}")
+        self.aborted: list[RequestOutput] = []  # final outputs of requests cancelled while compiling
 
     def create_group(self) -> bool:
         """The queue and its consumer group (True if the group was missing). Made after the heartbeat: a
@@ -63,8 +73,13 @@ class Intake:
             return False
 
     def room(self) -> int:
-        """How many new requests to read: the engine queues no more than `max_waiting` unstarted ones."""
-        return self.max_waiting - self.engine.num_waiting
+        """How many new requests to read: no more than `max_waiting` unstarted ones, in the engine's queue
+        or still compiling their guides."""
+        return self.max_waiting - self.engine.num_waiting - len(self.compiles)
+
+    def has_work(self) -> bool:
+        """True while a guide compiles or a cancelled one's final output is not yet taken."""
+        return bool(self.compiles) or bool(self.aborted)
 
     # -- reading ----------------------------------------------------------------------------------
     def admit(self, pending: bool, block_ms: int = 0) -> None:
@@ -136,17 +151,63 @@ class Intake:
             return
         # The output stream is the truth about what the client already has: continue right after it.
         resumed = replace(msg, resume_token_ids=tuple(streamed))
+        started = time.perf_counter()
         try:
-            timeline = self._add(msg, resumed.resume_token_ids, text)
+            timeline, request = self._request(msg, resumed.resume_token_ids, text)
+            if request.request_id in self.compiles:  # as the engine refuses an id it runs
+                raise ValueError(f"request id {request.request_id!r} is already in use")
+            if request.params.guide and not self.engine.grammar.is_compiled(request.params):
+                self.engine.check_request(request)  # fail now what fails without its guide
+                self.compiles.submit(request)  # added by `start_compiled`
+            else:
+                self.engine.add_request(request)
         except (ValueError, AdapterError, TimeoutError) as e:
             self._fail(entry_id, msg, 504 if isinstance(e, TimeoutError) else 400, str(e))
             return
+        if timeline is not None and timeline.adapter_tier in ("host", "disk"):
+            timeline.adapter_load_s = time.perf_counter() - started
         self.ledger.hold(Held(entry_id, resumed, timeline))
 
-    def _add(self, msg: QueuedRequest, resume: tuple[int, ...], text: str) -> RequestTimeline | None:
-        """Add the request to the engine (raising why it cannot run); its timeline if traced."""
+    def start_compiled(self) -> None:
+        """Add to the engine the requests whose guides have compiled (on the step thread), or fail those
+        whose guides did not to their clients (400, as if the engine had refused them)."""
+        for c in self.compiles.finished():
+            rid = c.request.request_id
+            try:
+                self.engine.add_request(c.request, c.future.result())
+            except (ValueError, AdapterError) as e:
+                held = self.ledger.active[rid]
+                self._fail(held.entry_id, held.message, 400, str(e))  # if Redis fails here: done again
+                del self.ledger.active[rid]
+            self.compiles.forget(rid)
+
+    def cancel(self, request_id: str) -> bool:
+        """Abort a request whose guide is compiling (False if it is not): it never starts, and its final
+        output, as the engine's for an abort, comes from `take_aborted`."""
+        c = self.compiles.compiling.get(request_id)
+        if c is None:
+            return False
+        self.compiles.forget(request_id)
+        self.aborted.append(unstarted_abort(c.request))
+        return True
+
+    def discard(self, request_id: str) -> bool:
+        """Forget a request whose guide is compiling, with no output (a re-sync found it re-routed)."""
+        return self.compiles.forget(request_id)
+
+    def take_aborted(self) -> list[RequestOutput]:
+        outputs, self.aborted = self.aborted, []
+        return outputs
+
+    def close(self) -> None:
+        self.compiles.close()
+
+    def _request(
+        self, msg: QueuedRequest, resume: tuple[int, ...], text: str
+    ) -> tuple[RequestTimeline | None, Request]:
+        """The engine's request for `msg` (raising why it cannot run), its adapter registered; its timeline
+        if traced."""
         timeline = RequestTimeline(msg) if self.traced else None
-        started = time.perf_counter()
         if msg.deadline and time.time() > msg.deadline:
             raise TimeoutError("the request's deadline passed while it was queued")
         adapter = None
@@ -162,10 +223,7 @@ class Intake:
             resume_token_ids=resume,
             resume_text=text,
         )
-        self.engine.add_request(request)
-        if timeline is not None and timeline.adapter_tier in ("host", "disk"):
-            timeline.adapter_load_s = time.perf_counter() - started
-        return timeline
+        return timeline, request
 
     def _fail(self, entry_id: str, msg: QueuedRequest, status: int, message: str) -> None:
         kind = "timeout" if status == 504 else "invalid_request_error"
