@@ -29,13 +29,19 @@ class ParsedCall:
 Piece = str | ParsedCall
 
 
-class ToolCallParser:
+class MarkedParser:
+    """Text until a marker, then what the marker opens, read by `_inside`; the text before a marker that
+    opens calls loses its trailing whitespace, as does the text after calls its leading whitespace.
+    What may still become a marker (a prefix of it at the end, and the whitespace before) is held back."""
+
+    marker = OPEN
+
     def __init__(self, names: frozenset[str]):
         self.names = names
         self.buf = ""
-        self.inside = False  # within <tool_call> ... (buf: the block so far)
+        self.inside = False  # after a marker (buf: what followed it)
         self.after_call = False  # whitespace right after a call is dropped
-        self.space = ""  # the whitespace before an open block: dropped if the block is a call
+        self.space = ""  # the whitespace before the marker: dropped if calls follow
 
     def feed(self, text: str) -> list[Piece]:
         """What `text` (the next part of the output) completes: text and calls, in order."""
@@ -43,28 +49,24 @@ class ToolCallParser:
         out: list[Piece] = []
         while True:
             if self.inside:
-                end = self.buf.find(CLOSE)
-                if end < 0:
+                if not self._inside(out, final=False):
                     return out
-                out.append(self._block(self.buf[:end], closed=True))
-                self.buf = self.buf[end + len(CLOSE) :]
-                self.inside = False
                 continue
             if self.after_call:
                 self.buf = self.buf.lstrip()
                 if not self.buf:
                     return out
                 self.after_call = False
-            start = self.buf.find(OPEN)
+            start = self.buf.find(self.marker)
             if start >= 0:
                 head = self.buf[:start].rstrip()
                 if head:
                     out.append(head)
                 self.space = self.buf[len(head) : start]
-                self.buf = self.buf[start + len(OPEN) :]
+                self.buf = self.buf[start + len(self.marker) :]
                 self.inside = True
                 continue
-            ready = len(self.buf) - held(self.buf)
+            ready = len(self.buf) - held(self.buf, self.marker)
             if ready:
                 out.append(self.buf[:ready])
                 self.buf = self.buf[ready:]
@@ -72,13 +74,31 @@ class ToolCallParser:
 
     def close(self) -> list[Piece]:
         """The end of the output: what was held back, read for what it is."""
-        rest, self.buf = self.buf, ""
+        out: list[Piece] = []
         if self.inside:
-            self.inside = False
-            return [self._block(rest, closed=False)]
+            self._inside(out, final=True)
+        rest, self.buf = self.buf, ""
         if self.after_call:
             rest = rest.lstrip()
-        return [rest] if rest else []
+        return out + ([rest] if rest else [])
+
+    def _inside(self, out: list[Piece], final: bool) -> bool:
+        """Read what follows the marker into `out` (leaving `inside`); False while it may still grow."""
+        raise NotImplementedError
+
+
+class ToolCallParser(MarkedParser):
+    """`hermes`: `<tool_call>` blocks, each read when its `</tool_call>` arrives (or the output ends)."""
+
+    def _inside(self, out: list[Piece], final: bool) -> bool:
+        end = self.buf.find(CLOSE)
+        if end < 0 and not final:
+            return False
+        inner, closed = (self.buf[:end], True) if end >= 0 else (self.buf, False)
+        self.buf = self.buf[end + len(CLOSE) :] if end >= 0 else ""
+        self.inside = False
+        out.append(self._block(inner, closed))
+        return True
 
     def _block(self, inner: str, closed: bool) -> Piece:
         call = self._call(inner)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from gateway.tool_calls import ParsedCall, Piece, ToolCallParser, held, read_call
+from gateway.tool_calls import MarkedParser, ParsedCall, Piece, ToolCallParser, read_call
 from gateway.tool_formats import LLAMA3_JSON, MISTRAL, ToolFormat
 
 PYTHON_TAG = "<|python_tag|>"
@@ -151,56 +151,17 @@ class LeadingJsonParser:
         return out
 
 
-class MarkedListParser:
+class MarkedListParser(MarkedParser):
     """`mistral`: text until `[TOOL_CALLS]`, then a JSON list of calls `{"name", "arguments"}` (or one
     call object). The list is read when whole: every item a call, or all of it text, marker included."""
 
+    marker = MISTRAL_MARK
+
     def __init__(self, names: frozenset[str]):
-        self.names = names
-        self.buf = ""
-        self.inside = False  # after the marker (buf: what followed it)
-        self.after_call = False  # whitespace right after calls is dropped
-        self.space = ""  # the whitespace before the marker: dropped if calls follow
+        super().__init__(names)
         self.value = ValueEnd()
 
-    def feed(self, text: str) -> list[Piece]:
-        self.buf += text
-        out: list[Piece] = []
-        while True:
-            if self.inside:
-                if not self._read(out, final=False):
-                    return out
-                continue
-            if self.after_call:
-                self.buf = self.buf.lstrip()
-                if not self.buf:
-                    return out
-                self.after_call = False
-            start = self.buf.find(MISTRAL_MARK)
-            if start >= 0:
-                head = self.buf[:start].rstrip()
-                if head:
-                    out.append(head)
-                self.space = self.buf[len(head) : start]
-                self.buf = self.buf[start + len(MISTRAL_MARK) :]
-                self.inside = True
-                continue
-            ready = len(self.buf) - held(self.buf, MISTRAL_MARK)
-            if ready:
-                out.append(self.buf[:ready])
-                self.buf = self.buf[ready:]
-            return out
-
-    def close(self) -> list[Piece]:
-        out: list[Piece] = []
-        if self.inside:
-            self._read(out, final=True)
-        rest, self.buf = self.buf, ""
-        if self.after_call:
-            rest = rest.lstrip()
-        return out + ([rest] if rest else [])
-
-    def _read(self, out: list[Piece], final: bool) -> bool:
+    def _inside(self, out: list[Piece], final: bool) -> bool:
         """Read the list after a marker into `out`; False while it may still be incomplete."""
         at = _skip(self.buf, 0)
         whole = at < len(self.buf) and self.value.ended(self.buf, at)
