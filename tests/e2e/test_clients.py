@@ -9,6 +9,7 @@ whatever the model would have said; the free parts (the answer after a tool resu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -188,16 +189,25 @@ def test_litellm_with_tools(smol: Stack) -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list at import
     import litellm
 
-    reply = litellm.completion(
-        model="openai/smollm2",
-        api_base=f"{smol.url}/v1",
-        api_key=KEY,
-        messages=QUESTION,
-        tools=[WEATHER_TOOL],
-        tool_choice="required",
-        max_tokens=64,
-        temperature=0,
-    )
+    # litellm's sync call asks `asyncio.get_event_loop()` for a loop (its service logger), which makes a
+    # new one and leaves it unclosed: a later `asyncio.run` drops it and the garbage collector finds its
+    # self-pipe sockets open (a ResourceWarning in some later test). Give it a loop of ours, closed here.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        reply = litellm.completion(
+            model="openai/smollm2",
+            api_base=f"{smol.url}/v1",
+            api_key=KEY,
+            messages=QUESTION,
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            max_tokens=64,
+            temperature=0,
+        )
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls  # parallel calls allowed
     for call in choice.message.tool_calls:
