@@ -1,15 +1,17 @@
-"""Engine throughput, side by side in one run: loragate vs transformers+peft, and loragate LoRA vs base.
+"""Engine throughput, side by side in one run: loragate vs transformers(+peft), with adapters and without.
 
-The same model and the same requests (shared system prompts, prompts 32–512 tokens, 64–256 output tokens,
-16 adapters with Zipf popularity plus base requests) go through:
+The same model and the same requests (`loadtest.bench_models`: for the zoo models shared system prompts,
+prompts 32–512 tokens, 64–256 output tokens, 16 adapters with Zipf popularity plus base requests; for the
+real SmolLM2, 8 adapters of ranks 8/16 and prompts 20–200 tokens) go through:
   1. the loragate engine, continuous batching, all adapters in one batch;
   2. `transformers` + `peft` `generate` on static batches with a mixed `adapter_names` list;
-  3. the loragate engine with every request's adapter removed (base-only).
+  3. the loragate engine with every request's adapter removed (base-only);
+  4. `transformers`' own `generate` of the base model (no peft) on the same static batches, base-only.
 Output tokens are what each request asked for (greedy, EOS ignored); HF's static batches run to their
 longest member, and the extra tokens are not counted. `tokens_match` checks the engine's greedy tokens
 against a per-request HF+peft reference on a sample. The last line printed is one JSON object.
 
-    python -m loadtest.bench_engine [--model tiny|small] [--requests 128] [--hf-batch-size 32]
+    python -m loadtest.bench_engine [--model tiny|small|smollm2] [--requests 128] [--hf-batch-size 32]
         [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
 
 Both sides run on the same device and dtype, which the JSON records. In 16-bit the two accumulate in
@@ -24,18 +26,18 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import torch
+from peft import PeftModel
 from tqdm import tqdm
 
+from loadtest.bench_models import bench_model
 from loadtest.hf_reference import HFReference
-from loadtest.workload import WorkloadSpec, make_workload
+from loadtest.workload import make_workload
 from loragate.types import Request
 from worker.config import EngineConfig
 from worker.device import add_device_args, device_args, dtype_name
 from worker.engine import LLMEngine
-from worker.modelzoo.make import ensure_zoo
 
 
 def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> tuple[float, list[list[int]]]:
@@ -53,11 +55,16 @@ def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> tupl
     return total / elapsed, [tokens[r.request_id] for r in requests]
 
 
-def run_hf_peft(ref: HFReference, requests: list[Request], batch_size: int, pad_id: int) -> float:
+def run_hf(
+    ref: HFReference, requests: list[Request], batch_size: int, pad_id: int, label: str = "transformers+peft"
+) -> float:
+    """Static batches through `generate`: with each request's adapter when `ref` holds adapters (peft's
+    mixed `adapter_names`), else the plain transformers model."""
     total = sum(r.params.max_tokens for r in requests)
     model = ref.model
+    mixed = isinstance(model, PeftModel)
     start = time.perf_counter()
-    with tqdm(total=total, desc="transformers+peft", unit="tok", file=sys.stderr) as bar:
+    with tqdm(total=total, desc=label, unit="tok", file=sys.stderr) as bar:
         for i in range(0, len(requests), batch_size):
             batch = requests[i : i + batch_size]
             width = max(len(r.prompt_token_ids) for r in batch)
@@ -67,11 +74,12 @@ def run_hf_peft(ref: HFReference, requests: list[Request], batch_size: int, pad_
                 ids[row, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
                 mask[row, width - len(r.prompt_token_ids) :] = 1
             new = max(r.params.max_tokens for r in batch)
+            adapters = {"adapter_names": [r.adapter or "__base__" for r in batch]} if mixed else {}
             with torch.inference_mode():
                 model.generate(
                     input_ids=ids.to(ref.device),
                     attention_mask=mask.to(ref.device),
-                    adapter_names=[r.adapter or "__base__" for r in batch],
+                    **adapters,
                     max_new_tokens=new,
                     min_new_tokens=new,
                     do_sample=False,
@@ -88,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument(
-        "--adapters", type=int, default=16, help="distinct adapter names (zoo adapters reused)"
+        "--adapters", type=int, default=16, help="distinct adapter names (zoo models: their adapters reused)"
     )
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--check-sample", type=int, default=6, help="requests compared with HF+peft")
@@ -98,20 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device, dtype = device_args(parser, args)
 
-    zoo = ensure_zoo()
-    model_dir = zoo.base(args.model)
-    zoo_adapters = zoo.adapter_names(args.model)
-    # 16 distinct names over the zoo's adapters: distinct ids, slots and loads, as distinct adapters would be.
-    adapters: dict[str, Path] = {
-        f"{zoo_adapters[i % len(zoo_adapters)]}-{i}": zoo.adapter(
-            args.model, zoo_adapters[i % len(zoo_adapters)]
-        )
-        for i in range(args.adapters)
-    }
+    bench = bench_model(args.model, args.adapters, args.requests)
+    model_dir, adapters = bench.model_dir, bench.adapters
     config = EngineConfig(adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype)
     engine = LLMEngine(model_dir, config)
-    spec = WorkloadSpec(num_requests=args.requests)
-    requests = make_workload(spec, engine.info.vocab_size, list(adapters))
+    requests = make_workload(bench.workload, engine.info.vocab_size, list(adapters))
     engine.generate(
         [replace(requests[0], request_id="warmup", params=replace(requests[0].params, max_tokens=4))]
     )
@@ -124,10 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_requests = [replace(r, adapter=None) for r in requests]
     base_tok_s, _ = run_loragate(base_engine, base_requests, "loragate (base only)")
 
-    hf_tok_s = None
+    hf_tok_s = hf_base_tok_s = None
     ref = HFReference(model_dir, adapters, dtype=dtype, device=device)
     if not args.skip_hf:
-        hf_tok_s = run_hf_peft(ref, requests, args.hf_batch_size, pad_id=0)
+        hf_tok_s = run_hf(ref, requests, args.hf_batch_size, pad_id=0)
+        plain = HFReference(model_dir, {}, dtype=dtype, device=device)
+        hf_base_tok_s = run_hf(plain, base_requests, args.hf_batch_size, 0, "transformers (base only)")
+        del plain
     sample = requests[:: max(1, len(requests) // args.check_sample)][: args.check_sample]
     index = {r.request_id: i for i, r in enumerate(requests)}
     matches = [
@@ -147,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loragate_base_tok_s": round(base_tok_s, 1),
         "hf_peft_tok_s": round(hf_tok_s, 1) if hf_tok_s else None,
         "speedup_vs_hf_peft": round(lora_tok_s / hf_tok_s, 2) if hf_tok_s else None,
+        "hf_base_tok_s": round(hf_base_tok_s, 1) if hf_base_tok_s else None,
+        "base_vs_hf_base": round(base_tok_s / hf_base_tok_s, 2) if hf_base_tok_s else None,
         "lora_vs_base_ratio": round(lora_tok_s / base_tok_s, 3),
         "tokens_match": all(matches),
         "tokens_checked_requests": len(matches),

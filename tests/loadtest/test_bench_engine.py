@@ -1,0 +1,51 @@
+"""`loadtest.bench_engine` end to end on a small workload: every key issue 15 reads, loragate and both
+transformers sides measured, fp32 tokens equal to the transformers + peft reference; and SmolLM2's
+benchmark adapters shaped as the issue measured (ranks 8/16, half on every projection, half on q/v)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadtest import bench_engine
+from loadtest.bench_models import SMOLLM2_ADAPTERS, smollm2_adapters
+
+KEYS = (
+    "loragate_tok_s", "loragate_base_tok_s", "hf_peft_tok_s", "hf_base_tok_s", "speedup_vs_hf_peft",
+    "base_vs_hf_base", "lora_vs_base_ratio", "tokens_match", "dtype", "model",
+)  # fmt: skip
+
+
+def test_bench_engine_reports_every_side(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--model",
+        "tiny",
+        "--requests",
+        "4",
+        "--adapters",
+        "2",
+        "--hf-batch-size",
+        "4",
+        "--check-sample",
+        "2",
+    ]
+    assert bench_engine.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(KEYS) <= set(result)
+    assert (result["model"], result["dtype"], result["tokens_match"]) == ("tiny", "float32", True)
+    for key in ("loragate_tok_s", "loragate_base_tok_s", "hf_peft_tok_s", "hf_base_tok_s"):
+        assert result[key] > 0, key
+    assert result["base_vs_hf_base"] == pytest.approx(
+        result["loragate_base_tok_s"] / result["hf_base_tok_s"], rel=0.02
+    )
+
+
+def test_smollm2_bench_adapters_are_the_issues_shape(smollm2: Path) -> None:
+    paths = smollm2_adapters(smollm2)
+    configs = {name: json.loads((path / "adapter_config.json").read_text()) for name, path in paths.items()}
+    assert len(configs) == len(SMOLLM2_ADAPTERS) == 8
+    assert sorted(c["r"] for c in configs.values()) == [8] * 4 + [16] * 4
+    targets = sorted(len(c["target_modules"]) for c in configs.values())
+    assert targets == [2] * 4 + [7] * 4
