@@ -79,14 +79,15 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Engine knobs. `num_kv_blocks=None` sizes the KV pool from `kv_cache_bytes`. `device` and `dtype` are
+    """Engine knobs. `num_kv_blocks=None` sizes the KV pool from `kv_cache_bytes`, and that from memory when
+    None (`worker.kv_cache.kv_budget`). `device` and `dtype` are
     resolved values (`worker.device` turns the `--device` / `--dtype` specs into them)."""
 
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     block_size: int = 16
     num_kv_blocks: int | None = None
-    kv_cache_bytes: int = 512 * 1024**2
+    kv_cache_bytes: int | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None

@@ -32,7 +32,7 @@ from worker.engine_events import EngineEvents
 from worker.engine_requests import Tracked, check_request, request_output, track
 from worker.engine_types import Completion, EngineInfo, EngineSnapshot, EngineStats
 from worker.grammar import GuidedDecoding
-from worker.kv_cache import KVCache, bytes_per_block
+from worker.kv_cache import KVCache, bytes_per_block, kv_budget
 from worker.loader import load_weights
 from worker.logits_processors import process_logits
 from worker.logprobs import gather_logprobs, read_step
@@ -59,11 +59,15 @@ class LLMEngine:
             raise ModelLoadError(f"{self.model_dir}: no tokenizer.json (a fast tokenizer is required)")
         self.tokenizer = Tokenizer.from_file(str(tok_path))
         self.max_model_len = min(config.max_model_len or cfg.max_model_len, cfg.max_model_len)
+        weights = load_weights(self.model_dir, cfg, config.dtype, config.device)  # first: the KV pool
+        # may take a share of the memory left
+        budget = kv_budget(
+            cfg, config.kv_cache_bytes, config.max_num_seqs, self.max_model_len, config.dtype, config.device
+        )
         num_blocks = config.num_kv_blocks or max(
-            1, config.kv_cache_bytes // bytes_per_block(cfg, config.block_size, config.dtype)
+            1, budget // bytes_per_block(cfg, config.block_size, config.dtype)
         )
         self.kv = KVCache(cfg, num_blocks, config.block_size, config.dtype, config.device)
-        weights = load_weights(self.model_dir, cfg, config.dtype, config.device)
         self.runner = ModelRunner(cfg, weights, self.kv, self.max_model_len)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(

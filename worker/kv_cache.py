@@ -1,10 +1,37 @@
-"""The paged KV pool: per layer, K and V tensors of `[num_blocks, block_size, kv_heads, head_dim]`."""
+"""The paged KV pool: per layer, K and V tensors of `[num_blocks, block_size, kv_heads, head_dim]`, and how
+big it is by default.
+
+Sizing (`kv_budget`): an explicit `EngineConfig.kv_cache_bytes` wins. Otherwise the pool holds what
+`max_num_seqs` sequences of `max_model_len` tokens would need, capped by memory: on a GPU a fraction of
+what is free once the weights are loaded (vLLM's `gpu_memory_utilization` idea), on a CPU a fraction of
+the memory available to this process (the host's, or its container's cgroup limit if lower). A fixed
+pool was the first cause of preemptions on a real model (issue 15: a 512 MiB pool held 11,600 of
+SmolLM2's fp32 tokens where 128 sequences needed 30,000).
+
+On a CPU the pool is allocated as untouched zero pages (`numpy.zeros` is `calloc`): memory is committed
+only as blocks are written, so a large pool costs nothing up front, and slots not yet written read as
+zeros (the torch decode path multiplies masked slots by a zero probability, which needs them finite).
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+import os
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from worker.config import ModelConfig
+from worker.device import is_cuda
+
+log = logging.getLogger(__name__)
+
+# Shares of the memory the KV pool may take by default (see the module docstring).
+GPU_FREE_FRACTION = 0.85
+CPU_AVAILABLE_FRACTION = 0.25
+MIN_KV_BYTES = 64 * 1024**2
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -12,10 +39,70 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> in
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
+def available_host_memory() -> int:
+    """Bytes this process can still use: MemAvailable, or its cgroup's headroom if that is lower."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            available = min(available, int(limit) - int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(0, available)
+
+
+def kv_budget(
+    cfg: ModelConfig,
+    explicit: int | None,
+    max_num_seqs: int,
+    max_model_len: int,
+    dtype: torch.dtype,
+    device: str,
+) -> int:
+    """The KV pool's size in bytes (see the module docstring)."""
+    if explicit is not None:
+        return explicit
+    want = max_num_seqs * max_model_len * bytes_per_block(cfg, 1, dtype)
+    if is_cuda(device):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        cap, where = int(free * GPU_FREE_FRACTION), f"{GPU_FREE_FRACTION:.0%} of free GPU memory"
+    else:
+        cap, where = (
+            int(available_host_memory() * CPU_AVAILABLE_FRACTION),
+            (f"{CPU_AVAILABLE_FRACTION:.0%} of available memory"),
+        )
+    budget = max(MIN_KV_BYTES, min(want, cap))
+    log.info(
+        "KV cache: %.0f MiB (%s; %d sequences of %d tokens would need %.0f MiB)",
+        budget / 2**20,
+        "all of that" if want <= cap else f"capped at {where}",
+        max_num_seqs,
+        max_model_len,
+        want / 2**20,
+    )
+    return budget
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Zeros; on a CPU as lazily committed zero pages (no write, no page touched, until used)."""
+    if is_cuda(device) or torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(math.prod(shape) * itemsize, dtype=np.uint8))
+    return raw.view(dtype).view(shape)
+
+
 class KVCache:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str):
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -36,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-loras", type=int, default=8)
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--kv-cache-mb", type=int, default=512)
+    p.add_argument(
+        "--kv-cache-mb",
+        type=int,
+        help="KV cache size (default: what --max-num-seqs full-length sequences need, capped at 85%% of free "
+        "GPU memory or 25%% of available host memory)",
+    )
     add_device_args(p)
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics port")
@@ -59,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_loras=args.max_loras,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_cache_bytes=args.kv_cache_mb * 1024**2,
+            kv_cache_bytes=args.kv_cache_mb * 1024**2 if args.kv_cache_mb else None,
             device=device,
             dtype=dtype,
         ),
