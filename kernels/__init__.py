@@ -6,15 +6,19 @@ Each entry point takes its tensors (output first, updated in place) and one per-
 
 from kernels.attention import paged_attention_decode, paged_attention_prefill, write_kv
 from kernels.attention_meta import AttentionMeta
+from kernels.glue import add_rms_norm, rope_, silu_mul
 from kernels.lora_meta import LoRABatchMeta
 from kernels.sgmv import sgmv_expand, sgmv_shrink
 
 __all__ = [
     "AttentionMeta",
     "LoRABatchMeta",
+    "add_rms_norm",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "rope_",
     "sgmv_expand",
     "sgmv_shrink",
+    "silu_mul",
     "write_kv",
 ]

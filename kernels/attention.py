@@ -3,8 +3,9 @@
 
 KV cache layout: `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, for K and V. A token's
 slot is `block_id * block_size + offset`. The backend follows the tensors' device (see `kernels.backend`):
-the Triton kernels of `kernels.attention_decode_triton` and `kernels.attention_prefill_triton` on CUDA,
-`kernels.attention_torch` otherwise. The KV write is one `index_copy_` on either device.
+the Triton kernels of `kernels.attention_decode_triton` and `kernels.attention_prefill_triton` on CUDA; on
+a CPU the native decode kernel (`kernels.attention_native`) where it builds, and `kernels.attention_torch`
+for the rest. The KV write is one `index_copy_` on either device.
 
 Sliding-window attention (Mistral, windowed Qwen2 layers) is the same causal attention with the keys
 more than `sliding_window - 1` positions behind the query masked out: the query at position `p` sees keys
@@ -24,7 +25,7 @@ from kernels.attention_torch import (
     paged_attention_prefill_torch,
     write_kv_torch,
 )
-from kernels.backend import use_triton
+from kernels.backend import use_native, use_triton
 
 
 def write_kv(
@@ -77,6 +78,12 @@ def paged_attention_decode(
         from kernels.attention_decode_triton import paged_attention_decode_triton
 
         paged_attention_decode_triton(
+            out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
+        )
+    elif use_native(q):
+        from kernels.attention_native import paged_attention_decode_native
+
+        paged_attention_decode_native(
             out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
         )
     else:

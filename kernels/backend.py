@@ -1,7 +1,9 @@
-"""Which implementation runs a kernel call: the Triton kernels for CUDA tensors, the torch paths otherwise.
+"""Which implementation runs a kernel call: the Triton kernels for CUDA tensors; on a CPU the native C++
+kernels (`kernels.native`) where one exists and it builds here, else the torch paths.
 
-`LORAGATE_KERNEL_BACKEND` overrides the choice: `torch` forces the torch paths (on any device) and `triton`
-forces the Triton kernels. Triton on CPU tensors only works under the Triton interpreter
+`LORAGATE_KERNEL_BACKEND` overrides the choice: `torch` forces the torch paths (on any device), `native`
+forces the C++ kernels where one exists (an error if they cannot be built) and `triton` forces the Triton
+kernels. Triton on CPU tensors only works under the Triton interpreter
 (`TRITON_INTERPRET=1` set before the `kernels.*_triton` modules are imported), which is how the tests
 prove the kernels on a machine without a GPU. Nothing here imports triton, so the CPU engine runs
 without it installed; the public functions import the Triton modules only when they dispatch to them.
@@ -16,7 +18,7 @@ from functools import cache
 import torch
 
 BACKEND_ENV = "LORAGATE_KERNEL_BACKEND"
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "native", "triton")
 
 
 @cache
@@ -33,7 +35,7 @@ def use_triton(t: torch.Tensor) -> bool:
     choice = os.environ.get(BACKEND_ENV, "auto")
     if choice == "auto":
         return t.is_cuda and triton_available()
-    if choice == "torch":
+    if choice in ("torch", "native"):
         return False
     if choice != "triton":
         raise ValueError(f"{BACKEND_ENV}={choice!r}; expected one of {BACKENDS}")
@@ -42,3 +44,22 @@ def use_triton(t: torch.Tensor) -> bool:
     if not t.is_cuda and not triton_interpreting():
         raise RuntimeError(f"{BACKEND_ENV}=triton on {t.device} tensors needs TRITON_INTERPRET=1")
     return True
+
+
+def use_native(t: torch.Tensor) -> bool:
+    """True when a kernel call on `t` that has a native CPU kernel goes to it (a CPU tensor, and the
+    backend `auto` with the kernels built, or `native`)."""
+    choice = os.environ.get(BACKEND_ENV, "auto")
+    if choice not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={choice!r}; expected one of {BACKENDS}")
+    if t.device.type != "cpu" or choice not in ("auto", "native"):
+        return False
+    from kernels import native
+
+    if native.available():
+        return True
+    if choice == "native":
+        raise RuntimeError(
+            f"{BACKEND_ENV}=native but the native CPU kernels could not be built (see the log)"
+        )
+    return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 
@@ -41,6 +42,11 @@ class LoRABatchMeta:
     def for_module(self, ranks: Sequence[int], scale: Sequence[float]) -> LoRABatchMeta:
         """This step's segments with one module's slot tables on the host (copied once per step)."""
         return replace(self, host_ranks=tuple(ranks), host_scale=tuple(scale))
+
+    @cached_property
+    def segment_table(self) -> torch.Tensor:
+        """`segments` as an int64 `[N, 3]` host tensor (the native CPU kernels' input), made once."""
+        return torch.tensor(self.segments, dtype=torch.int64).view(-1, 3)
 
     @property
     def active_slots(self) -> frozenset[int]:

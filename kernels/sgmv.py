@@ -5,16 +5,16 @@ A LoRA-wrapped projection computes `y += scale * (x @ A[slot]^T) @ B[slot]^T` pe
 `sgmv_shrink` (x → v, width = rank) then `sgmv_expand` (v → y, possibly into a column slice of a fused
 qkv / gate-up output). Adapter weights are stacked per layer and slot, padded to the largest rank; an
 optional rank table lets a backend skip the padding. The backend follows the tensors' device (see
-`kernels.backend`): the Triton kernels of `kernels.sgmv_triton` on CUDA, the torch loop of
-`kernels.sgmv_torch` otherwise. The segments come in the step's `LoRABatchMeta`, built once per step
-and shared by every projection of every layer.
+`kernels.backend`): the Triton kernels of `kernels.sgmv_triton` on CUDA; on a CPU the native kernels of
+`kernels.sgmv_native` where they build, else the torch loop of `kernels.sgmv_torch`. The segments come
+in the step's `LoRABatchMeta`, built once per step and shared by every projection of every layer.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.backend import use_triton
+from kernels.backend import use_native, use_triton
 from kernels.lora_meta import LoRABatchMeta
 from kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
 
@@ -50,6 +50,10 @@ def sgmv_shrink(
         from kernels.sgmv_triton import sgmv_shrink_triton
 
         sgmv_shrink_triton(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
+    elif use_native(x):
+        from kernels.sgmv_native import sgmv_shrink_native
+
+        sgmv_shrink_native(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
     else:
         sgmv_shrink_torch(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
 
@@ -83,5 +87,9 @@ def sgmv_expand(
         from kernels.sgmv_triton import sgmv_expand_triton
 
         sgmv_expand_triton(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
+    elif use_native(v):
+        from kernels.sgmv_native import sgmv_expand_native
+
+        sgmv_expand_native(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
     else:
         sgmv_expand_torch(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)

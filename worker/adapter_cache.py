@@ -18,10 +18,21 @@ from pathlib import Path
 
 import torch
 
+from kernels.backend import use_native
 from loragate.contracts import AdapterTier
 from worker.config import ModelConfig
 from worker.device import is_cuda
 from worker.lora import AdapterError, LoRAWeights, load_adapter
+
+
+def _b_stack(
+    layers: int, slots: int, fan_out: int, rank: int, dtype: torch.dtype, device: str
+) -> torch.Tensor:
+    """Zeros `[L, S, out, R]`: stored `[L, S, R, out]` and seen through its transpose where the native CPU
+    kernels run (their expand's fast layout), plain elsewhere (the Triton kernels want unit last stride)."""
+    if use_native(torch.empty(0, device=device)):
+        return torch.zeros(layers, slots, rank, fan_out, dtype=dtype, device=device).transpose(2, 3)
+    return torch.zeros(layers, slots, fan_out, rank, dtype=dtype, device=device)
 
 
 @dataclass
@@ -29,7 +40,7 @@ class LoRAStack:
     """One target module's weights for every slot: what `sgmv_shrink` / `sgmv_expand` read."""
 
     a: torch.Tensor  # [L, S, R, in]
-    b: torch.Tensor  # [L, S, out, R]
+    b: torch.Tensor  # [L, S, out, R] (on a CPU, a transposed view of [L, S, R, out]: see `_b_stack`)
     ranks: torch.Tensor  # [S] int64, 0 = slot empty or module not adapted
     scale: torch.Tensor  # [S] float32
 
@@ -59,7 +70,7 @@ class AdapterCache:
         self.stacks = {
             module: LoRAStack(
                 a=torch.zeros(cfg.num_layers, num_slots, max_rank, fan_in, dtype=dtype, device=device),
-                b=torch.zeros(cfg.num_layers, num_slots, fan_out, max_rank, dtype=dtype, device=device),
+                b=_b_stack(cfg.num_layers, num_slots, fan_out, max_rank, dtype, device),
                 ranks=torch.zeros(num_slots, dtype=torch.int64, device=device),
                 scale=torch.zeros(num_slots, dtype=torch.float32, device=device),
             )

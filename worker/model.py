@@ -18,10 +18,13 @@ import torch.nn.functional as F
 
 from kernels import (
     LoRABatchMeta,
+    add_rms_norm,
     paged_attention_decode,
     paged_attention_prefill,
+    rope_,
     sgmv_expand,
     sgmv_shrink,
+    silu_mul,
     write_kv,
 )
 from worker.adapter_cache import LoRAStack
@@ -41,12 +44,6 @@ class LoRAContext:
     metas: dict[str, LoRABatchMeta]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, kv: KVCache, max_positions: int):
         self.cfg, self.w, self.kv = cfg, weights, kv
@@ -61,36 +58,35 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, lora: LoRAContext | None) -> torch.Tensor:
         cfg = self.cfg
-        h = self.w.embed[fb.input_ids]
-        cos = self.rope.cos[fb.positions][:, None, :]
-        sin = self.rope.sin[fb.positions][:, None, :]
+        eps = cfg.rms_norm_eps
+        h = self.w.embed[fb.input_ids]  # the residual stream (a fresh tensor: updated in place)
+        down: torch.Tensor | None = None  # the previous layer's MLP output, added with the next norm
         for i, layer in enumerate(self.w.layers):
-            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+            h, x = add_rms_norm(h, down, layer.input_norm, eps)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
             self._lora(qkv, x, self.qkv_slices, i, fb, lora)
-            attn = self._attention(qkv, cos, sin, i, fb)
+            attn = self._attention(qkv, i, fb)
             o = F.linear(attn, layer.o, layer.o_bias)
             self._lora(o, attn, {"o_proj": 0}, i, fb, lora)
-            h = h + o
-            x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
+            h, x = add_rms_norm(h, o, layer.post_norm, eps)
             gate_up = F.linear(x, layer.gate_up, layer.gate_up_bias)
             self._lora(gate_up, x, self.gate_up_slices, i, fb, lora)
-            gate, up = gate_up.split(cfg.intermediate_size, dim=-1)
-            act = F.silu(gate) * up
+            act = silu_mul(gate_up)
             down = F.linear(act, layer.down, layer.down_bias)
             self._lora(down, act, {"down_proj": 0}, i, fb, lora)
-            h = h + down
-        last = rms_norm(h[fb.logits_indices], self.w.norm, cfg.rms_norm_eps)
+        rows = fb.logits_indices
+        last_h = h[rows] if down is None else h[rows] + down[rows]
+        _, last = add_rms_norm(last_h, None, self.w.norm, eps)
         return F.linear(last, self.w.lm_head)
 
-    def _attention(
-        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, fb: ForwardBatch
-    ) -> torch.Tensor:
+    def _attention(self, qkv: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cfg = self.cfg
         t = qkv.shape[0]
+        # RoPE on q and k in place: they are the first `num_heads + num_kv_heads` heads of each row.
+        rope_(qkv, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim, self.rope.cos, self.rope.sin, fb.positions)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = self.rope.apply(q.view(t, cfg.num_heads, cfg.head_dim), cos, sin)
-        k = self.rope.apply(k.view(t, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        q = q.reshape(t, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
         write_kv(k_cache, v_cache, k, v, fb.slot_mapping)

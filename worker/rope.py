@@ -28,7 +28,7 @@ def inv_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables for positions `[0, max_positions)`; `apply` rotates q and k in place."""
+    """Precomputed cos/sin tables `[max_positions, head_dim]` (`kernels.rope_` rotates q and k with them)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, dtype: torch.dtype, device: str):
         inv = inv_frequencies(rope, head_dim)
@@ -36,9 +36,3 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, D]; cos/sin: [T, 1, D] (gathered by position)."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin

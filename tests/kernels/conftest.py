@@ -38,3 +38,11 @@ def device(monkeypatch: pytest.MonkeyPatch) -> str:
     """The Triton tests' device, with the public kernels routed to Triton for the test."""
     monkeypatch.setenv(BACKEND_ENV, "triton")
     return triton_device()
+
+
+@pytest.fixture(params=["torch", "native"])
+def cpu_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A CPU kernel path under test: the torch one, or the native C++ one (`kernels.native`; the test
+    fails if it cannot be built here)."""
+    monkeypatch.setenv(BACKEND_ENV, request.param)
+    return str(request.param)

@@ -1,4 +1,7 @@
-"""The CPU paged-attention paths against the float64 reference: block sizes, GQA ratios, dtypes, windows."""
+"""The CPU paged-attention paths against the float64 reference: block sizes, GQA ratios, dtypes, windows.
+
+Decode tests run twice: on the torch path and on the native C++ kernel (`kernels.native`, built here).
+"""
 
 from __future__ import annotations
 
@@ -62,11 +65,11 @@ def run_prefill(
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("heads", GQA, ids=lambda h: f"H{h[0]}-KVH{h[1]}")
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_decode_matches_reference(
-    block_size: int, heads: tuple[int, int], head_dim: int, dtype: torch.dtype
+    block_size: int, heads: tuple[int, int], head_dim: int, dtype: torch.dtype, cpu_backend: str
 ) -> None:
     # Lengths of 1 token, exact block multiples, and ragged ones; poisoned (NaN) output.
     ctx_lens = [1, block_size, 2 * block_size + 3, 70, 5, 3 * block_size]
@@ -111,7 +114,9 @@ WINDOWS = [1, 5, 16, 40]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("block_size", [8, 16])
 @pytest.mark.parametrize("window", WINDOWS)
-def test_decode_sliding_window_matches_reference(window: int, block_size: int, dtype: torch.dtype) -> None:
+def test_decode_sliding_window_matches_reference(
+    window: int, block_size: int, dtype: torch.dtype, cpu_backend: str
+) -> None:
     ctx_lens = [1, window, window + 1, 2 * block_size + 3, 70, 5, 3 * block_size]
     out, ref = run_decode(ctx_lens, block_size, (8, 2), 32, dtype, seed=window + block_size, window=window)
     assert rel_err(out, ref) < TOLERANCE[dtype]
@@ -152,7 +157,7 @@ def test_prefill_sliding_window_across_query_tiles(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
-def test_sliding_window_sees_keys_less_than_window_positions_back(phase: str) -> None:
+def test_sliding_window_sees_keys_less_than_window_positions_back(phase: str, cpu_backend: str) -> None:
     # transformers' Mistral mask keeps key j for query i when i - j < window (`kv_idx > q_idx - window`).
     # With q = 0 the softmax is uniform, and V[j] = j makes the output the mean of the positions seen.
     ctx, window = 10, 4

@@ -1,6 +1,11 @@
-"""The CPU SGMV path against the float64 per-token reference, over adapter popularity, ranks and dtypes."""
+"""The CPU SGMV paths against the float64 per-token reference, over adapter popularity, ranks and dtypes.
+
+Tests taking `cpu_backend` run on the torch loop and on the native C++ kernels (`kernels.native`).
+"""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -23,7 +28,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 @pytest.mark.parametrize("base_share", [0.0, 0.3])
 @pytest.mark.parametrize("popularity", POPULARITIES)
 def test_shrink_and_expand_match_reference_for_each_popularity(
-    popularity: str, base_share: float, dtype: torch.dtype
+    popularity: str, base_share: float, dtype: torch.dtype, cpu_backend: str
 ) -> None:
     for seed in range(3):
         case = lora_case(popularity, base_share, dtype, seed, num_seqs=12, max_len=20, hidden=96, out=72)
@@ -33,14 +38,14 @@ def test_shrink_and_expand_match_reference_for_each_popularity(
 
 @pytest.mark.parametrize("rank_table", [True, False])
 @pytest.mark.parametrize("rank_set", sorted(RANK_SETS))
-def test_ranks_padded_or_from_the_rank_table(rank_set: str, rank_table: bool) -> None:
+def test_ranks_padded_or_from_the_rank_table(rank_set: str, rank_table: bool, cpu_backend: str) -> None:
     case = lora_case("uniform", 0.2, torch.float32, 7, rank_set=rank_set, rank_table=rank_table)
     check_shrink(case, run_sgmv_shrink(case))
     check_expand(case, run_sgmv_expand(case))
 
 
 @pytest.mark.parametrize("popularity", ["uniform", "zipf"])
-def test_ungrouped_tokens_make_more_segments_with_repeated_slots(popularity: str) -> None:
+def test_ungrouped_tokens_make_more_segments_with_repeated_slots(popularity: str, cpu_backend: str) -> None:
     case = lora_case(popularity, 0.3, torch.float32, 11, grouped=False, num_seqs=16)
     meta = LoRABatchMeta.from_token_slots(case.slots)
     assert len(meta.slot_ids) > len(set(case.slots))
@@ -49,13 +54,13 @@ def test_ungrouped_tokens_make_more_segments_with_repeated_slots(popularity: str
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_long_16bit_segments_take_the_16bit_matmul(dtype: torch.dtype) -> None:
+def test_long_16bit_segments_take_the_16bit_matmul(dtype: torch.dtype, cpu_backend: str) -> None:
     case = lora_case("identical", 0.0, dtype, 3, num_seqs=4, max_len=64, hidden=256, out=128)
     check_shrink(case, run_sgmv_shrink(case))
     check_expand(case, run_sgmv_expand(case))
 
 
-def test_all_tokens_without_adapter_leave_outputs_untouched() -> None:
+def test_all_tokens_without_adapter_leave_outputs_untouched(cpu_backend: str) -> None:
     case = lora_case("uniform", 1.0, torch.float32, 5)
     assert set(case.slots) == {-1}
     assert torch.equal(run_sgmv_shrink(case), case.y0)
@@ -99,3 +104,14 @@ def test_slot_tables_from_the_step_mean_no_layer_reads_the_device_back(
     monkeypatch.undo()
     check_shrink(case, y)
     check_expand(case, out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_expand_reads_b_stored_transposed(dtype: torch.dtype, cpu_backend: str) -> None:
+    # The CPU engine keeps B as [L, S, R, N] seen through its transpose (`worker.adapter_cache`).
+    case = lora_case("zipf", 0.2, dtype, 13, num_seqs=10, max_len=12, hidden=64, out=48)
+    b = case.stack.b
+    transposed = b.transpose(2, 3).contiguous().transpose(2, 3)
+    assert torch.equal(transposed.nan_to_num(), b.nan_to_num()) and transposed.stride(-2) == 1
+    y = run_sgmv_expand(replace(case, stack=replace(case.stack, b=transposed)))
+    check_expand(case, y)

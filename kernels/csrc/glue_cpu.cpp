@@ -1,0 +1,141 @@
+// The small per-layer ops of the CPU forward, fused: each is one pass over the step's rows instead of the
+// 5-8 torch ops (and their temporaries) it replaces. Rows are split over torch's thread pool. Each
+// matches the Hugging Face Llama computation in its rounding points: RMSNorm in fp32, the normalized
+// row rounded to the storage dtype before the weight multiplies it; rotate-half RoPE with the fp32
+// tables rounded to the storage dtype; SiLU rounded before it multiplies `up`.
+// Built without floating-point contraction: a fused multiply-add would round differently from torch's
+// separate multiply and add, and the fp32 engine must match transformers token for token.
+#pragma GCC optimize("fp-contract=off")
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+namespace {
+
+template <typename T>
+inline T round_to(float v) {
+  return static_cast<T>(v);
+}
+
+// out[t] = w * (h[t] * rsqrt(mean(h[t]^2) + eps)), after h[t] += delta[t] when `delta` is given.
+template <typename T>
+void rms_norm_rows(T* out, T* h, const T* delta, const T* w, int64_t rows, int64_t n, int64_t ldo, int64_t ldh,
+                   int64_t ldd, double eps) {
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      T* x = h + t * ldh;
+      if (delta != nullptr) {
+        const T* d = delta + t * ldd;
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) x[i] = round_to<T>(static_cast<float>(x[i]) + static_cast<float>(d[i]));
+      }
+      float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
+      for (int64_t i = 0; i < n; ++i) sq += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+      const float inv = 1.f / std::sqrt(sq / static_cast<float>(n) + static_cast<float>(eps));
+      T* o = out + t * ldo;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        const T normed = round_to<T>(static_cast<float>(x[i]) * inv);
+        o[i] = round_to<T>(static_cast<float>(w[i]) * static_cast<float>(normed));
+      }
+    }
+  });
+}
+
+void rms_norm(at::Tensor out, at::Tensor h, const c10::optional<at::Tensor>& delta, const at::Tensor& weight,
+              double eps) {
+  TORCH_CHECK(h.dim() == 2 && out.dim() == 2 && h.stride(1) == 1 && out.stride(1) == 1 && weight.is_contiguous(),
+              "rms_norm: 2-D rows with unit stride");
+  TORCH_CHECK(h.scalar_type() == out.scalar_type() && h.scalar_type() == weight.scalar_type(),
+              "rms_norm: one dtype");
+  const bool add = delta.has_value();
+  if (add) TORCH_CHECK(delta->stride(1) == 1 && delta->scalar_type() == h.scalar_type(), "rms_norm: delta rows");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, h.scalar_type(), "rms_norm", [&] {
+    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), h.data_ptr<scalar_t>(),
+                            add ? delta->data_ptr<scalar_t>() : nullptr, weight.data_ptr<scalar_t>(), h.size(0),
+                            h.size(1), out.stride(0), h.stride(0), add ? delta->stride(0) : 0, eps);
+  });
+}
+
+// x[t, head] = x * cos[pos] + rotate_half(x) * sin[pos], in place, for the `heads` heads of each row.
+template <typename T>
+void rope_rows(T* x, const T* cos, const T* sin, const int64_t* positions, int64_t rows, int64_t heads,
+               int64_t dim, int64_t ldx) {
+  const int64_t half = dim / 2;
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cos + positions[t] * dim;
+      const T* s = sin + positions[t] * dim;
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        T* v = x + t * ldx + hd * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = static_cast<float>(v[i]), b = static_cast<float>(v[i + half]);
+          // torch rounds each product and the sum to T: x * cos + rotated * sin
+          const T first = round_to<T>(static_cast<float>(round_to<T>(a * static_cast<float>(c[i]))) +
+                                      static_cast<float>(round_to<T>(-b * static_cast<float>(s[i]))));
+          const T second = round_to<T>(static_cast<float>(round_to<T>(b * static_cast<float>(c[i + half]))) +
+                                       static_cast<float>(round_to<T>(a * static_cast<float>(s[i + half]))));
+          v[i] = first;
+          v[i + half] = second;
+        }
+      }
+    }
+  });
+}
+
+void rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions, int64_t heads,
+          int64_t dim) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) >= heads * dim, "rope: x must be [T, >= heads * dim]");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && positions.is_contiguous() &&
+                  positions.scalar_type() == at::kLong,
+              "rope: contiguous tables and int64 positions");
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(), "rope: one dtype");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rope", [&] {
+    rope_rows<scalar_t>(x.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+                        positions.data_ptr<int64_t>(), x.size(0), heads, dim, x.stride(0));
+  });
+}
+
+// out[t] = silu(gate_up[t, :n]) * gate_up[t, n:]
+template <typename T>
+void silu_mul_rows(T* out, const T* gu, int64_t rows, int64_t n, int64_t ldo, int64_t ldg) {
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* g = gu + t * ldg;
+      const T* u = g + n;
+      T* o = out + t * ldo;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        const float gv = static_cast<float>(g[i]);
+        const T act = round_to<T>(gv / (1.f + std::exp(-gv)));
+        o[i] = round_to<T>(static_cast<float>(act) * static_cast<float>(u[i]));
+      }
+    }
+  });
+}
+
+void silu_mul(at::Tensor out, const at::Tensor& gate_up) {
+  TORCH_CHECK(out.dim() == 2 && gate_up.dim() == 2 && out.stride(1) == 1 && gate_up.stride(1) == 1 &&
+                  gate_up.size(1) == 2 * out.size(1),
+              "silu_mul: out [T, n], gate_up [T, 2n], unit-stride rows");
+  TORCH_CHECK(out.scalar_type() == gate_up.scalar_type(), "silu_mul: one dtype");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "silu_mul", [&] {
+    silu_mul_rows<scalar_t>(out.data_ptr<scalar_t>(), gate_up.data_ptr<scalar_t>(), out.size(0), out.size(1),
+                            out.stride(0), gate_up.stride(0));
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
+  m.def("rms_norm(Tensor(a!) out, Tensor(b!) h, Tensor? delta, Tensor weight, float eps) -> ()");
+  m.def("rope(Tensor(a!) x, Tensor cos, Tensor sin, Tensor positions, int heads, int dim) -> ()");
+  m.def("silu_mul(Tensor(a!) out, Tensor gate_up) -> ()");
+  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
+  m.impl("rope", c10::DispatchKey::CPU, &rope);
+  m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
+}

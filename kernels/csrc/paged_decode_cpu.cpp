@@ -1,0 +1,157 @@
+// Paged decode attention for CPUs: one call per layer for the whole decode batch.
+//
+// Each (sequence, KV head) pair is one task (at::parallel_for, torch's own thread pool). A task reads its
+// sequence's keys once, position by position along the block table, scoring all G query heads of its
+// KV head against each key (GQA without copying K/V per query head), then reads the values once more to
+// accumulate the softmax-weighted sum. K/V are read straight from the paged pool: no gather, no padding,
+// no mask. Accumulation is fp32 whatever the storage dtype (fp32, bf16, fp16).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline void load_row(float* dst, const T* src, int64_t n) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+// A row of the cache as fp32: the row itself for fp32 storage, else converted into `buffer`.
+template <typename T>
+inline const float* as_float(const T* src, float* buffer, int64_t n) {
+  load_row(buffer, src, n);
+  return buffer;
+}
+template <>
+inline const float* as_float<float>(const float* src, float*, int64_t) {
+  return src;
+}
+
+// One task per sequence: a token's keys (all KV heads, `KVH * D` contiguous values) are read in one
+// sweep along each block, so the cache streams block by block (`BS * KVH * D` contiguous values).
+// `DIM` is the head size when it is a compile-time constant (the common ones), else 0 and `dim` is used.
+template <typename T, int DIM>
+void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
+  const int64_t batch = q.size(0), heads = q.size(1);
+  const int64_t dim = DIM > 0 ? DIM : q.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  const int64_t group = heads / kv_heads, width = block_tables.size(1);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  const int64_t token = kv_heads * dim;  // values per cached token
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(heads * dim), acc(heads * dim), row(token), scores, maxes(heads), sums(heads);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t ctx = lens[b];
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
+      const int64_t n = ctx - lo;
+      const int64_t* table = tables + b * width;
+      load_row(qf.data(), qp + b * heads * dim, heads * dim);
+      for (int64_t i = 0; i < heads * dim; ++i) qf[i] *= fscale;
+      scores.resize(heads * n);  // [heads][n]
+      std::fill(maxes.begin(), maxes.end(), -std::numeric_limits<float>::infinity());
+      // Pass 1: scores, block by block (no division per token).
+      for (int64_t p = lo; p < ctx;) {
+        const int64_t off = p % block_size, count = std::min(block_size - off, ctx - p);
+        const T* key = kp + (table[p / block_size] * block_size + off) * token;
+        for (int64_t j = 0; j < count; ++j, key += token) {
+          const float* kr = as_float(key, row.data(), token);
+          const int64_t i = p - lo + j;
+          for (int64_t hq = 0; hq < heads; ++hq) {
+            const float* qh = qf.data() + hq * dim;
+            const float* kh = kr + (hq / group) * dim;
+            float s = 0.f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t d = 0; d < dim; ++d) s += qh[d] * kh[d];
+            scores[hq * n + i] = s;
+            maxes[hq] = std::max(maxes[hq], s);
+          }
+        }
+        p += count;
+      }
+      // Softmax numerators and denominators, per query head.
+      for (int64_t hq = 0; hq < heads; ++hq) {
+        float* sh = scores.data() + hq * n;
+        const float m = maxes[hq];
+        float total = 0.f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t i = 0; i < n; ++i) {
+          sh[i] = std::exp(sh[i] - m);
+          total += sh[i];
+        }
+        sums[hq] = total;
+      }
+      // Pass 2: the weighted sum of values.
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t p = lo; p < ctx;) {
+        const int64_t off = p % block_size, count = std::min(block_size - off, ctx - p);
+        const T* value = vp + (table[p / block_size] * block_size + off) * token;
+        for (int64_t j = 0; j < count; ++j, value += token) {
+          const float* vr = as_float(value, row.data(), token);
+          const int64_t i = p - lo + j;
+          for (int64_t hq = 0; hq < heads; ++hq) {
+            const float w = scores[hq * n + i];
+            const float* vh = vr + (hq / group) * dim;
+            float* a = acc.data() + hq * dim;
+#pragma omp simd
+            for (int64_t d = 0; d < dim; ++d) a[d] += w * vh[d];
+          }
+        }
+        p += count;
+      }
+      T* o = op + b * heads * dim;
+      for (int64_t hq = 0; hq < heads; ++hq) {
+        const float inv = 1.f / sums[hq];
+        for (int64_t d = 0; d < dim; ++d) o[hq * dim + d] = static_cast<T>(acc[hq * dim + d] * inv);
+      }
+    }
+  });
+}
+
+template <typename T>
+void decode_any_dim(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                    const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
+  switch (q.size(2)) {
+    case 64: decode<T, 64>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
+    case 128: decode<T, 128>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
+    default: decode<T, 0>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window);
+  }
+}
+
+void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "paged_decode: tensors must be contiguous");
+  TORCH_CHECK(block_tables.is_contiguous() && context_lens.is_contiguous(), "paged_decode: metadata must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
+              "paged_decode: metadata must be int64");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
+              "paged_decode: q, out and the cache must share a dtype");
+  switch (q.scalar_type()) {
+    case at::kFloat: decode_any_dim<float>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
+    case at::kBFloat16: decode_any_dim<at::BFloat16>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
+    case at::kHalf: decode_any_dim<at::Half>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
+    default: TORCH_CHECK(false, "paged_decode: unsupported dtype ", q.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(loragate_cpu, m) {
+  m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor context_lens, float scale, int window) -> ()");
+  m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
+}

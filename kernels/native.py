@@ -1,0 +1,115 @@
+"""Native CPU kernels (C++ in `kernels/csrc/`): built once per machine with the system compiler, loaded
+as torch custom ops (`torch.ops.loragate_cpu.*`).
+
+Why C++ here and not more torch ops: on a CPU the decode step's attention is a few KB of work per
+sequence spread over a paged cache, and the torch path pays for it in calls (one gather and one SDPA per
+group of sequences per layer) and copies (each group's K/V gathered before it is read). One native call
+per layer reads every sequence's K/V in place, block by block, with all threads (torch's own pool);
+`loadtest.bench_kernels` and `loadtest.profile_engine` measure the difference.
+
+The build: `g++` (or `$CXX`) against the installed torch's headers and libraries, `-O3 -march=native`,
+into `$LORAGATE_KERNEL_CACHE` (default `~/.cache/loragate/kernels`), one directory per hash of the
+source, the flags, the torch version and this CPU's model and flags, so machines sharing a home directory
+never load each other's code. Concurrent builds write to private temporary files and rename into place.
+Where no compiler works the library is absent: `available()` is False, a warning says why (once), and the
+kernels fall back to the torch paths, which compute the same thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = tuple(
+    Path(__file__).parent / "csrc" / name for name in ("paged_decode_cpu.cpp", "sgmv_cpu.cpp", "glue_cpu.cpp")
+)
+CACHE_ENV = "LORAGATE_KERNEL_CACHE"
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
+
+
+def cache_root() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else Path.home() / ".cache" / "loragate" / "kernels"
+
+
+def _cpu_identity() -> str:
+    """This CPU's model and feature flags (what `-march=native` compiles for)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keys = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in text.splitlines() if line.split(":")[0].strip() in keys}))
+
+
+def _command(compiler: str, output: Path) -> list[str]:
+    from torch.utils import cpp_extension
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        compiler,
+        *FLAGS,
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *(f"-I{p}" for p in cpp_extension.include_paths()),
+        *(str(s) for s in SOURCES),
+        "-o",
+        str(output),
+        *(f"-L{p}" for p in cpp_extension.library_paths()),
+        *(f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()),
+        "-lc10",
+        "-ltorch_cpu",
+    ]
+
+
+def library_path() -> Path:
+    """Where this machine's build of the sources lives (whether or not it is built yet)."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    digest.update(" ".join(FLAGS).encode())
+    digest.update(torch.__version__.encode())
+    digest.update(_cpu_identity().encode())
+    return cache_root() / digest.hexdigest()[:16] / "loragate_cpu.so"
+
+
+def build() -> Path:
+    """Compile the sources unless this machine's build exists; its path. RuntimeError saying why not."""
+    target = library_path()
+    if target.exists():
+        return target
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++, c++ or $CXX) found")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        done = subprocess.run(_command(compiler, Path(tmp)), capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)  # atomic: a concurrent build of the same sources writes the same file
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return target
+
+
+@cache
+def available() -> bool:
+    """Whether the native ops are loaded (built first if need be); False, with a warning, if they cannot."""
+    try:
+        torch.ops.load_library(str(build()))
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        log.warning("native CPU kernels unavailable, using the torch paths: %s", e)
+        return False
+    return True

@@ -1,0 +1,66 @@
+"""The native CPU path of the SGMV kernels (`kernels/csrc/sgmv_cpu.cpp`): one call per projection applies
+every segment's adapter, no Python loop over segments and no BLAS call per segment (at decode sizes a
+BLAS call's fixed cost exceeds the few thousand multiply-adds of a segment). Same semantics as
+`kernels.sgmv`; fp32 accumulation. `lora_b` is fastest stored `[L, S, R, N]` and passed as its transpose
+(what `worker.adapter_cache` keeps on a CPU): the expand is then an axpy per rank over contiguous outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.lora_meta import LoRABatchMeta
+
+
+def _ranks(ranks: torch.Tensor | None, slots: int, rank: int) -> torch.Tensor:
+    if ranks is None:
+        return torch.full((slots,), rank, dtype=torch.int64)
+    return ranks.to(torch.int64).contiguous()
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def sgmv_shrink_native(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    meta: LoRABatchMeta,
+    *,
+    layer: int,
+    scale: torch.Tensor,
+    ranks: torch.Tensor | None = None,
+) -> None:
+    weights = lora_a[layer].contiguous()
+    target = _rows(y)
+    torch.ops.loragate_cpu.sgmv_shrink(
+        target,
+        _rows(x),
+        weights,
+        meta.segment_table,
+        _ranks(ranks, weights.shape[0], weights.shape[1]),
+        scale.to(torch.float32).contiguous(),
+    )
+    if target is not y:
+        y.copy_(target)
+
+
+def sgmv_expand_native(
+    y: torch.Tensor,
+    v: torch.Tensor,
+    lora_b: torch.Tensor,
+    meta: LoRABatchMeta,
+    *,
+    layer: int,
+    y_offset: int = 0,
+    ranks: torch.Tensor | None = None,
+) -> None:
+    weights = lora_b[layer]
+    out = y.narrow(1, y_offset, weights.shape[1])
+    target = _rows(out)
+    torch.ops.loragate_cpu.sgmv_expand(
+        target, _rows(v), weights, meta.segment_table, _ranks(ranks, weights.shape[0], weights.shape[2])
+    )
+    if target is not out:
+        out.copy_(target)

@@ -1,0 +1,85 @@
+"""The per-layer glue ops (`kernels.glue`): the native CPU kernels against the torch ops they replace,
+which compute what Hugging Face Llama computes (the engine's token-for-token reference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import add_rms_norm, rope_, silu_mul
+from kernels.backend import BACKEND_ENV
+from kernels.glue import rms_norm_torch, rope_torch
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Largest difference allowed, in units of the dtype's epsilon times the value's magnitude: fp32 sums in
+# another order (RMS) or another exp (SiLU); 16-bit values are rounded twice (normalized, then weighted),
+# each rounding may land one step apart.
+ULPS = {torch.float32: 8, torch.bfloat16: 2, torch.float16: 2}
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    eps = torch.finfo(dtype).eps
+    bound = ULPS[dtype] * eps * b.float().abs().clamp(min=1e-3)
+    return bool(((a.float() - b.float()).abs() <= bound).all())
+
+
+def native(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "native")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm_matches_torch(
+    dtype: torch.dtype, with_delta: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = torch.Generator().manual_seed(1)
+    h = (torch.randn(37, 576, generator=gen) * 3).to(dtype)
+    delta = torch.randn(37, 576, generator=gen).to(dtype) if with_delta else None
+    w = (torch.rand(576, generator=gen) + 0.5).to(dtype)
+    expect_h = h + delta if delta is not None else h.clone()
+    expect = rms_norm_torch(expect_h, w, 1e-5)
+    native(monkeypatch)
+    got_h, got = add_rms_norm(h, delta, w, 1e-5)
+    assert torch.equal(got_h, expect_h)  # the residual add rounds exactly as torch's
+    assert close(got, expect, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rope_matches_torch_exactly(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(2)
+    heads, dim, extra = 12, 64, 192  # q and k heads, then v's columns, which must stay untouched
+    x = torch.randn(23, heads * dim + extra, generator=gen).to(dtype)
+    cos = torch.randn(300, dim, generator=gen).to(dtype)
+    sin = torch.randn(300, dim, generator=gen).to(dtype)
+    positions = torch.randint(0, 300, (23,), generator=gen)
+    part = x[:, : heads * dim].view(23, heads, dim)
+    expect = rope_torch(part, cos[positions][:, None, :], sin[positions][:, None, :]).reshape(23, -1)
+    tail = x[:, heads * dim :].clone()
+    native(monkeypatch)
+    rope_(x, heads, dim, cos, sin, positions)
+    assert torch.equal(x[:, : heads * dim], expect)
+    assert torch.equal(x[:, heads * dim :], tail)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silu_mul_matches_torch(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(3)
+    gate_up = (torch.randn(19, 2 * 1536, generator=gen) * 4).to(dtype)
+    gate, up = gate_up.split(1536, dim=-1)
+    expect = torch.nn.functional.silu(gate) * up
+    native(monkeypatch)
+    assert close(silu_mul(gate_up), expect, dtype)
+
+
+def test_the_torch_fallbacks_compute_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "torch")
+    gen = torch.Generator().manual_seed(4)
+    h, delta, w = (
+        torch.randn(5, 32, generator=gen),
+        torch.randn(5, 32, generator=gen),
+        torch.rand(32, generator=gen),
+    )
+    new_h, x = add_rms_norm(h, delta, w, 1e-6)
+    assert torch.equal(new_h, h + delta) and torch.equal(x, rms_norm_torch(h + delta, w, 1e-6))
+    gate_up = torch.randn(5, 64, generator=gen)
+    assert torch.equal(silu_mul(gate_up), torch.nn.functional.silu(gate_up[:, :32]) * gate_up[:, 32:])

@@ -1,0 +1,82 @@
+"""The native CPU kernels' build and fallback (`kernels.native`), and the decode kernel on odd shapes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import native, paged_attention_decode
+from kernels.backend import BACKEND_ENV, use_native
+from tests.kernels.kernel_testing import TOLERANCE, decode_meta, decode_reference, paged_kv, rel_err
+
+
+def test_the_kernels_build_here_and_are_used_for_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert native.available()
+    assert native.library_path().exists()
+    assert use_native(torch.zeros(1))
+    monkeypatch.setenv(BACKEND_ENV, "torch")
+    assert not use_native(torch.zeros(1))
+
+
+@pytest.mark.parametrize("head_dim", [80, 256])  # the generic-size loop, and a size past 128
+def test_decode_on_a_large_ragged_batch_with_shuffled_blocks(
+    head_dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    gen = torch.Generator().manual_seed(head_dim)
+    ctx_lens = torch.randint(1, 300, (37,), generator=gen).tolist()
+    kv = paged_kv(ctx_lens, 16, 2, head_dim, torch.float32, gen)
+    q = torch.randn(len(ctx_lens), 6, head_dim, generator=gen)
+    out = torch.full_like(q, float("nan"))
+    meta = decode_meta(kv, ctx_lens)
+    paged_attention_decode(out, q, kv.k, kv.v, meta, scale=head_dim**-0.5, sliding_window=None)
+    assert rel_err(out, decode_reference(q, kv, ctx_lens, head_dim**-0.5, None)) < TOLERANCE[torch.float32]
+
+
+def test_decode_into_a_strided_output_from_a_strided_query(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    gen = torch.Generator().manual_seed(1)
+    ctx_lens = [5, 40, 17]
+    kv = paged_kv(ctx_lens, 8, 2, 32, torch.float32, gen)
+    wide = torch.randn(3, 4, 64, generator=gen)
+    q = wide[..., :32]  # not contiguous
+    out_wide = torch.full((3, 4, 64), float("nan"))
+    out = out_wide[..., 32:]
+    paged_attention_decode(out, q, kv.k, kv.v, decode_meta(kv, ctx_lens), scale=0.2)
+    assert rel_err(out, decode_reference(q.contiguous(), kv, ctx_lens, 0.2, None)) < TOLERANCE[torch.float32]
+    assert out_wide[..., :32].isnan().all()  # nothing written outside `out`
+
+
+def test_without_a_compiler_the_torch_path_serves_and_native_is_refused(tmp_path: Path) -> None:
+    code = """
+import logging, torch
+logging.basicConfig(level=logging.WARNING)
+import kernels
+from kernels import native
+from kernels.backend import use_native
+print("available", native.available(), "auto", use_native(torch.zeros(1)))
+import os
+os.environ["LORAGATE_KERNEL_BACKEND"] = "native"
+try:
+    use_native(torch.zeros(1))
+except RuntimeError as e:
+    print("refused", e)
+"""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CXX": "/bin/false",
+        "LORAGATE_KERNEL_CACHE": str(tmp_path / "kernels"),
+        "PYTHONPATH": str(Path(__file__).parents[2]),
+        "HOME": str(tmp_path),
+    }
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "available False auto False" in done.stdout
+    assert "refused LORAGATE_KERNEL_BACKEND=native" in done.stdout
+    assert "native CPU kernels unavailable, using the torch paths: /bin/false failed" in done.stderr
+    assert not list((tmp_path / "kernels").rglob("*.so*"))  # no half-written library left behind
