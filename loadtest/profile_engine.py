@@ -1,0 +1,147 @@
+"""Where an engine step's time goes, by category, on the bench workload (`loadtest.bench_models`).
+
+Wraps the model runner's parts with wall-clock timers (the CPU path is synchronous; on CUDA each timer
+synchronizes first, which slows the run but keeps the split honest) and runs the workload once:
+
+- `linear`: the base projections and the LM head (`F.linear` in `worker.model`);
+- `lora`: every adapter's shrink and expand (`ModelRunner._lora`);
+- `attention_decode`, `attention_prefill`, `write_kv`: the paged-attention kernels and the KV writes;
+- `model_other`: the rest of the forward (embedding, norms, RoPE, activations, residual adds);
+- `step_other`: the step outside the forward (scheduling, batch layout, sampling, detokenizing).
+
+    python -m loadtest.profile_engine [--model smollm2] [--requests 48] [--base] [--dtype float32]
+
+The last line printed is one JSON object: seconds and share per category, call counts, tok/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+import worker.model as model_module
+from loadtest.bench_models import bench_model
+from loadtest.workload import make_workload
+from worker.config import EngineConfig
+from worker.device import add_device_args, device_args, dtype_name, is_cuda
+from worker.engine import LLMEngine
+
+CATEGORIES = ("linear", "lora", "attention_decode", "attention_prefill", "write_kv")
+
+
+class Timers:
+    """Wall-clock seconds and calls per category; `wrap` times a callable under one category."""
+
+    def __init__(self, cuda: bool):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.cuda = cuda
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def wrap(self, category: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = self._now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[category] += self._now() - start
+                self.calls[category] += 1
+
+        return timed
+
+
+def instrument(engine: LLMEngine, timers: Timers) -> None:
+    """Time `engine`'s runner by category (patches `worker.model`'s names for this process: a tool only)."""
+    runner = engine.runner
+    for name, category in (
+        ("paged_attention_decode", "attention_decode"),
+        ("paged_attention_prefill", "attention_prefill"),
+        ("write_kv", "write_kv"),
+    ):
+        setattr(model_module, name, timers.wrap(category, getattr(model_module, name)))
+    model_module.F = _TimedFunctional(timers)  # type: ignore[assignment]
+    runner._lora = timers.wrap("lora", runner._lora)  # type: ignore[method-assign]
+    runner.forward = timers.wrap("forward", runner.forward)  # type: ignore[method-assign]
+
+
+class _TimedFunctional:
+    """`torch.nn.functional` with `linear` timed."""
+
+    def __init__(self, timers: Timers):
+        self._linear = timers.wrap("linear", torch.nn.functional.linear)
+
+    def linear(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._linear(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.nn.functional, name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.profile_engine", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--adapters", type=int, default=16)
+    parser.add_argument("--base", action="store_true", help="no adapters (the base model's profile)")
+    add_device_args(parser)
+    args = parser.parse_args(argv)
+    device, dtype = device_args(parser, args)
+    bench = bench_model(args.model, args.adapters, args.requests)
+    adapters = {} if args.base else bench.adapters
+    engine = LLMEngine(bench.model_dir, EngineConfig(adapters=adapters, device=device, dtype=dtype))
+    requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
+    if args.base:
+        requests = [replace(r, adapter=None) for r in requests]
+    engine.generate(
+        [replace(requests[0], request_id="warmup", params=replace(requests[0].params, max_tokens=4))]
+    )
+    timers = Timers(is_cuda(device))
+    instrument(engine, timers)
+    total = sum(r.params.max_tokens for r in requests)
+    for r in requests:
+        engine.add_request(r)
+    start = time.perf_counter()
+    with tqdm(total=total, desc="profile", unit="tok", file=sys.stderr) as bar:
+        while engine.has_work():
+            for out in engine.step():
+                bar.update(len(out.new_token_ids))
+    wall = time.perf_counter() - start
+    seconds = {c: timers.seconds[c] for c in CATEGORIES}
+    seconds["model_other"] = timers.seconds["forward"] - sum(seconds.values())
+    seconds["step_other"] = wall - timers.seconds["forward"]
+    result = {
+        "model": args.model,
+        "dtype": dtype_name(dtype),
+        "device": device,
+        "adapters": 0 if args.base else len(adapters),
+        "requests": len(requests),
+        "output_tokens": total,
+        "tok_s": round(total / wall, 1),
+        "wall_s": round(wall, 2),
+        "steps": engine.snapshot().steps,
+        "preemptions": engine.snapshot().preemptions,
+        "seconds": {c: round(s, 3) for c, s in seconds.items()},
+        "share": {c: round(s / wall, 3) for c, s in seconds.items()},
+        "calls": {c: timers.calls[c] for c in (*CATEGORIES, "forward")},
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
