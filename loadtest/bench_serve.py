@@ -11,7 +11,9 @@ and 15% base requests. It runs:
      exactly its `max_tokens` tokens, the same work as offline). `serve_tok_s` is the output tokens streamed
      / the wall time of that level's run; TTFT, inter-token latency (ITL; how an SSE chunk of several
      tokens is counted: see `serve_clients`), errors.
-Both paths first serve one 4-token request (model load, first-step and adapter-path costs unmeasured).
+Both paths first serve the same warm-up (as many 4-token requests as the most clients, the base model's and
+each adapter's in turn, on prompts that leave no prefix-cache hits for the workload): model load, first
+steps and adapter loads are not measured.
 Each level gets a fresh stack so that none starts with the prefix cache or adapters an earlier one left,
 as the offline engine does not. The children run in sessions of their own and are stopped by process
 group on exit, SIGTERM or Ctrl-C (and killed by the kernel if this process is SIGKILLed).
@@ -49,7 +51,7 @@ from loadtest.procs import BenchError, raise_fd_limit
 from loadtest.serve_clients import StreamStats, run_clients, summarize
 from loadtest.serve_stack import API_KEY, ServeStack
 from loadtest.workload import make_workload
-from loragate.types import Request
+from loragate.types import Request, SamplingParams
 from worker.config import EngineConfig
 from worker.device import add_device_args, device_args, dtype_name
 from worker.engine import LLMEngine
@@ -82,8 +84,15 @@ def concurrency_levels(spec: str) -> list[int]:
     return levels
 
 
-def warmup(request: Request) -> Request:
-    return replace(request, request_id="warmup", params=replace(request.params, max_tokens=WARMUP_TOKENS))
+def warmup_requests(count: int, adapters: list[str], min_token_id: int) -> list[Request]:
+    """`count` requests of `WARMUP_TOKENS` tokens, the base model's and every adapter's in turn, on prompts
+    that share no KV block with the workload's (a repeated token id; the workload's are random), so the
+    warm-up leaves no prefix-cache hits behind."""
+    names: list[str | None] = [None, *adapters]
+    params = SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True)
+    return [
+        Request(f"warmup-{i}", (min_token_id + i,) * 32, params, names[i % len(names)]) for i in range(count)
+    ]
 
 
 def worker_flags(config: EngineConfig, args: argparse.Namespace) -> list[str]:
@@ -96,34 +105,45 @@ def worker_flags(config: EngineConfig, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def offline(bench: BenchModel, config: EngineConfig, cap: int | None) -> tuple[list[Request], float]:
-    """The workload (output tokens capped at `cap`), and the offline engine's tokens per second on it
-    (after a warm-up request)."""
+def offline(
+    bench: BenchModel, config: EngineConfig, cap: int | None, warmups: int
+) -> tuple[list[Request], list[Request], float]:
+    """The workload (output tokens capped at `cap`), the warm-up requests, and the offline engine's tokens
+    per second on the workload (after the warm-up)."""
     engine = LLMEngine(bench.model_dir, config)
     requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
+    warm = warmup_requests(warmups, list(bench.adapters), bench.workload.min_token_id)
     if cap is not None:
         requests = [
             replace(r, params=replace(r.params, max_tokens=min(cap, r.params.max_tokens))) for r in requests
         ]
-    engine.generate([warmup(requests[0])])
+    engine.generate(warm)
     tok_s, _ = run_loragate(engine, requests, "offline engine")
     del engine
     gc.collect()  # its KV pool and weights must not crowd the worker's
-    return requests, tok_s
+    return requests, warm, tok_s
 
 
 def served(
-    bench: BenchModel, model: str, flags: list[str], requests: list[Request], concurrency: int
+    bench: BenchModel,
+    model: str,
+    flags: list[str],
+    warm: list[Request],
+    requests: list[Request],
+    concurrency: int,
 ) -> tuple[list[StreamStats], float]:
-    """The workload through a fresh stack by `concurrency` clients: per-request stats and the wall time."""
+    """The warm-up, then the workload, through a fresh stack by `concurrency` clients: the workload's
+    per-request stats and its wall time. The warm-up also gives the gateway a drain rate to estimate queue
+    waits with, as a stack that has served before has (a fresh gateway's, from a single short request,
+    would refuse a burst of clients with 429: `gateway.overload`)."""
     with (
         tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp,
         ServeStack(Path(tmp), bench.model_dir, model, bench.adapters, flags) as stack,
     ):
         stack.wait_ready()
-        warm, _ = asyncio.run(run_clients(stack.port, API_KEY, model, [warmup(requests[0])], 1, "warm-up"))
-        if warm[0].error is not None:
-            raise BenchError(f"the warm-up request failed ({warm[0].error}):\n{stack.logs()}")
+        warmed, _ = asyncio.run(run_clients(stack.port, API_KEY, model, warm, concurrency, "warm-up"))
+        if failed := [w.error for w in warmed if w.error is not None]:
+            raise BenchError(f"warm-up requests failed ({failed[:3]}):\n{stack.logs()}")
         label = f"served, {concurrency} clients"
         results, wall = asyncio.run(run_clients(stack.port, API_KEY, model, requests, concurrency, label))
         if any(r.error for r in results):
@@ -143,11 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_fd_limit()
     bench = bench_model(args.model, args.adapters, args.requests)
     config = EngineConfig(adapters=bench.adapters, max_loras=args.max_loras, device=device, dtype=dtype)
-    requests, offline_tok_s = offline(bench, config, args.max_tokens)
+    requests, warm, offline_tok_s = offline(bench, config, args.max_tokens, max(levels))
     flags = worker_flags(config, args)
     per_level: dict[str, Any] = {}
     for concurrency in levels:
-        results, wall = served(bench, args.model, flags, requests, concurrency)
+        results, wall = served(bench, args.model, flags, warm, requests, concurrency)
         per_level[str(concurrency)] = summarize(results, wall, offline_tok_s)
     result = {
         "model": args.model,

@@ -6,9 +6,10 @@ Per request: TTFT is send → the first SSE event with text; output tokens are t
 `completion_tokens`; the inter-token latencies are the gaps between events with text. The gateway writes
 everything that is ready in one HTTP chunk, so a chunk may carry several events (one per engine step): the
 gap before a chunk of k events counts as k latencies of gap / k. A token whose text is held back (an
-incomplete UTF-8 sequence) sends no event; its time goes to the next event's gap. A request is an error
-when its status is not 200, its stream carries an error, or it ends without every token, the usage chunk
-or `[DONE]`.
+incomplete UTF-8 sequence) sends no event; its time goes to the next event's gap. A request refused with
+429 is sent again after its `Retry-After` (as the `openai` SDK does; `refusals_429` counts them), its TTFT
+counted from the first send. A request is an error when its status is not 200 (or still 429 after
+`MAX_RETRIES`), its stream carries an error, or it ends without every token, the usage chunk or `[DONE]`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from loadtest.gateway_streams import read_chunked
 from loadtest.procs import ms, pct
 from loragate.types import Request
 
+MAX_RETRIES = 10
+MAX_RETRY_AFTER_S = 30.0
+
 
 @dataclass
 class StreamStats:
@@ -38,6 +42,7 @@ class StreamStats:
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     tokens: int = 0  # the usage chunk's completion_tokens
+    refusals: int = 0  # 429s before it was admitted
 
 
 def completion_body(request: Request, model: str) -> dict[str, Any]:
@@ -65,9 +70,24 @@ def http_request(port: int, key: str, body: dict[str, Any]) -> bytes:
 
 
 async def stream_one(port: int, request: bytes, expected_tokens: int) -> StreamStats:
+    """One request, sent again after a 429's `Retry-After` (as the `openai` SDK does) up to `MAX_RETRIES`
+    times; its TTFT counts from the first send, the wait included."""
     stats = StreamStats()
-    writer: asyncio.StreamWriter | None = None
     start = time.perf_counter()
+    while True:
+        retry_after = await _attempt(port, request, expected_tokens, stats, start)
+        if retry_after is None or stats.refusals >= MAX_RETRIES:
+            return stats
+        stats.refusals += 1
+        stats.error = None
+        await asyncio.sleep(retry_after)
+
+
+async def _attempt(
+    port: int, request: bytes, expected_tokens: int, stats: StreamStats, start: float
+) -> float | None:
+    """Stream `request` into `stats`; the seconds to wait before retrying when refused with 429, else None."""
+    writer: asyncio.StreamWriter | None = None
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request)
@@ -75,7 +95,7 @@ async def stream_one(port: int, request: bytes, expected_tokens: int) -> StreamS
         status = int(head.split(b" ", 2)[1])
         if status != 200:
             stats.error = f"http {status}"
-            return stats
+            return _retry_after(head) if status == 429 else None
         last, done, buffer = start, False, b""
         async for chunk in read_chunked(reader):
             now = time.perf_counter()
@@ -89,7 +109,7 @@ async def stream_one(port: int, request: bytes, expected_tokens: int) -> StreamS
                     body = json.loads(event[6:])
                     if "error" in body:
                         stats.error = f"stream error: {body['error'].get('code')}"
-                        return stats
+                        return None
                     if body.get("usage"):
                         stats.tokens = int(body["usage"]["completion_tokens"])
                     texts += sum(1 for c in body.get("choices", ()) if c.get("text"))
@@ -108,7 +128,16 @@ async def stream_one(port: int, request: bytes, expected_tokens: int) -> StreamS
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
-    return stats
+    return None
+
+
+def _retry_after(head: bytes) -> float:
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"retry-after":
+            with contextlib.suppress(ValueError):
+                return min(MAX_RETRY_AFTER_S, max(0.0, float(value)))
+    return 1.0
 
 
 async def run_clients(
@@ -152,5 +181,6 @@ def summarize(results: list[StreamStats], wall_s: float, offline_tok_s: float) -
         "itl_p99_ms": ms(pct(itl, 99)),
         "tpot_p50_ms": ms(pct(per_request, 50)),
         "errors": sum(errors.values()),
+        "refusals_429": sum(r.refusals for r in results),
         "error_kinds": dict(errors),
     }
