@@ -14,9 +14,10 @@ and 15% base requests. It runs:
 Both paths first serve the same warm-up (as many 4-token requests as the most clients, the base model's and
 each adapter's in turn, on prompts that leave no prefix-cache hits for the workload): model load, first
 steps and adapter loads are not measured.
-Each level gets a fresh stack so that none starts with the prefix cache or adapters an earlier one left,
-as the offline engine does not. The children run in sessions of their own and are stopped by process
-group on exit, SIGTERM or Ctrl-C (and killed by the kernel if this process is SIGKILLed).
+Each level gets a fresh stack, so that none starts with the prefix cache an earlier level left: like the
+offline engine, each meets the workload once, right after the warm-up. The children run in sessions of
+their own and are stopped by process group on exit, SIGTERM or Ctrl-C (and killed by the kernel if this
+process is SIGKILLed).
 
     python -m loadtest.bench_serve --concurrency 32,64 [--model tiny|small|smollm2] [--requests 128]
         [--adapters 16] [--max-tokens N] [--max-loras 16] [--device auto|cpu|cuda[:N]]
@@ -24,7 +25,8 @@ group on exit, SIGTERM or Ctrl-C (and killed by the kernel if this process is SI
 
 The last line printed is one JSON object: the workload, `offline_tok_s`, and per concurrency
 `serve_tok_s`, `offline_tok_s`, `serve_vs_offline`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`, `itl_p99_ms`,
-`errors`, `requests` (and `tpot_p50_ms`, the median per-request mean ITL, `wall_s`, `error_kinds`).
+`errors`, `requests` (and `tpot_p50_ms`, the median per-request mean ITL, `wall_s`, `refusals_429`,
+`error_kinds`).
 """
 
 from __future__ import annotations
