@@ -1,0 +1,192 @@
+"""Served throughput and latency against the offline engine on the same workload, in one run (issue 15).
+
+The workload is `bench_engine`'s (`loadtest.bench_models`, `loadtest.workload`): for `tiny`, prompts of
+32–512 token ids sharing system prompts, 64–256 output tokens each, 16 adapter names with Zipf popularity
+and 15% base requests. It runs:
+  1. offline, through an `LLMEngine` in this process (all requests added at once, stepped until done, as
+     `bench_engine.run_loragate` does): `offline_tok_s`;
+  2. for each `--concurrency` C, through a fresh `loragate up`-style stack (`loadtest.serve_stack`: an
+     embedded Redis, one gateway, one worker of the same model, adapters and engine knobs), by C streaming
+     clients (`loadtest.serve_clients`: the prompts' token ids, greedy, EOS ignored, so each request yields
+     exactly its `max_tokens` tokens, the same work as offline). `serve_tok_s` is the output tokens streamed
+     / the wall time of that level's run; TTFT, inter-token latency (ITL; how an SSE chunk of several
+     tokens is counted: see `serve_clients`), errors.
+Both paths first serve the same warm-up (as many 4-token requests as the most clients, the base model's and
+each adapter's in turn, on prompts that leave no prefix-cache hits for the workload): model load, first
+steps and adapter loads are not measured.
+Each level gets a fresh stack, so that none starts with the prefix cache an earlier level left: like the
+offline engine, each meets the workload once, right after the warm-up. The children run in sessions of
+their own and are stopped by process group on exit, SIGTERM or Ctrl-C (and killed by the kernel if this
+process is SIGKILLed).
+
+    python -m loadtest.bench_serve --concurrency 32,64 [--model tiny|small|smollm2] [--requests 128]
+        [--adapters 16] [--max-tokens N] [--max-loras 16] [--device auto|cpu|cuda[:N]]
+        [--dtype auto|float32|bfloat16]
+
+The last line printed is one JSON object: the workload, `offline_tok_s`, and per concurrency
+`serve_tok_s`, `offline_tok_s`, `serve_vs_offline`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`, `itl_p99_ms`,
+`errors`, `requests` (and `tpot_p50_ms`, the median per-request mean ITL, `wall_s`, `refusals_429`,
+`error_kinds`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+from loadtest.bench_engine import run_loragate
+from loadtest.bench_models import BenchModel, bench_model
+from loadtest.procs import BenchError, raise_fd_limit
+from loadtest.serve_clients import StreamStats, run_clients, summarize
+from loadtest.serve_stack import API_KEY, ServeStack
+from loadtest.workload import make_workload
+from loragate.types import Request, SamplingParams
+from worker.config import EngineConfig
+from worker.device import add_device_args, device_args, dtype_name
+from worker.engine import LLMEngine
+
+WARMUP_TOKENS = 4
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the `with` blocks that stop the children
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_serve", description=__doc__.split("\n")[0])
+    p.add_argument("--concurrency", default="32,64", help="comma-separated client counts (default 32,64)")
+    p.add_argument("--model", default="tiny", help="tiny | small | smollm2 (loadtest.bench_models)")
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument(
+        "--adapters", type=int, default=16, help="distinct adapter names (zoo models: their adapters reused)"
+    )
+    p.add_argument("--max-tokens", type=int, help="cap each request's output tokens (quick runs, tests)")
+    p.add_argument("--max-loras", type=int, default=16, help="adapter slots, offline and in the worker")
+    add_device_args(p)
+    return p
+
+
+def concurrency_levels(spec: str) -> list[int]:
+    levels = [int(c) for c in spec.split(",") if c.strip()]
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency: positive integers, comma-separated, not {spec!r}")
+    return levels
+
+
+def warmup_requests(count: int, adapters: list[str], min_token_id: int) -> list[Request]:
+    """`count` requests of `WARMUP_TOKENS` tokens, the base model's and every adapter's in turn, on prompts
+    that share no KV block with the workload's (a repeated token id; the workload's are random), so the
+    warm-up leaves no prefix-cache hits behind."""
+    names: list[str | None] = [None, *adapters]
+    params = SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True)
+    return [
+        Request(f"warmup-{i}", (min_token_id + i,) * 32, params, names[i % len(names)]) for i in range(count)
+    ]
+
+
+def worker_flags(config: EngineConfig, args: argparse.Namespace) -> list[str]:
+    """`loragate worker` flags that build the offline engine's `config` (its adapters come by directory)."""
+    return [
+        *("--max-loras", str(config.max_loras), "--max-num-seqs", str(config.max_num_seqs)),
+        *("--max-num-batched-tokens", str(config.max_num_batched_tokens)),
+        *("--kv-cache-mb", str(config.kv_cache_bytes // 1024**2)),
+        *("--device", args.device, "--dtype", args.dtype),
+    ]
+
+
+def offline(
+    bench: BenchModel, config: EngineConfig, cap: int | None, warmups: int
+) -> tuple[list[Request], list[Request], float]:
+    """The workload (output tokens capped at `cap`), the warm-up requests, and the offline engine's tokens
+    per second on the workload (after the warm-up)."""
+    engine = LLMEngine(bench.model_dir, config)
+    requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
+    warm = warmup_requests(warmups, list(bench.adapters), bench.workload.min_token_id)
+    if cap is not None:
+        requests = [
+            replace(r, params=replace(r.params, max_tokens=min(cap, r.params.max_tokens))) for r in requests
+        ]
+    engine.generate(warm)
+    tok_s, _ = run_loragate(engine, requests, "offline engine")
+    del engine
+    gc.collect()  # its KV pool and weights must not crowd the worker's
+    return requests, warm, tok_s
+
+
+def served(
+    bench: BenchModel,
+    model: str,
+    flags: list[str],
+    warm: list[Request],
+    requests: list[Request],
+    concurrency: int,
+) -> tuple[list[StreamStats], float]:
+    """The warm-up, then the workload, through a fresh stack by `concurrency` clients: the workload's
+    per-request stats and its wall time. The warm-up also gives the gateway a drain rate to estimate queue
+    waits with, as a stack that has served before has (a fresh gateway's, from a single short request,
+    would refuse a burst of clients with 429: `gateway.overload`)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp,
+        ServeStack(Path(tmp), bench.model_dir, model, bench.adapters, flags) as stack,
+    ):
+        stack.wait_ready()
+        warmed, _ = asyncio.run(run_clients(stack.port, API_KEY, model, warm, concurrency, "warm-up"))
+        if failed := [w.error for w in warmed if w.error is not None]:
+            raise BenchError(f"warm-up requests failed ({failed[:3]}):\n{stack.logs()}")
+        label = f"served, {concurrency} clients"
+        results, wall = asyncio.run(run_clients(stack.port, API_KEY, model, requests, concurrency, label))
+        if any(r.error for r in results):
+            print(f"the stack's logs, last lines:\n{stack.logs()}", file=sys.stderr)
+        return results, wall
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        levels = concurrency_levels(args.concurrency)
+    except ValueError as e:
+        parser.error(str(e))
+    device, dtype = device_args(parser, args)
+    signal.signal(signal.SIGTERM, _terminate)
+    raise_fd_limit()
+    bench = bench_model(args.model, args.adapters, args.requests)
+    config = EngineConfig(adapters=bench.adapters, max_loras=args.max_loras, device=device, dtype=dtype)
+    requests, warm, offline_tok_s = offline(bench, config, args.max_tokens, max(levels))
+    flags = worker_flags(config, args)
+    per_level: dict[str, Any] = {}
+    for concurrency in levels:
+        results, wall = served(bench, args.model, flags, warm, requests, concurrency)
+        per_level[str(concurrency)] = summarize(results, wall, offline_tok_s)
+    result = {
+        "model": args.model,
+        "device": device,
+        "dtype": dtype_name(dtype),
+        "requests": len(requests),
+        "output_tokens": sum(r.params.max_tokens for r in requests),
+        "adapters": len(bench.adapters),
+        "adapter_requests": sum(r.adapter is not None for r in requests),
+        "offline_tok_s": round(offline_tok_s, 1),
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "concurrency": per_level,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
