@@ -1,13 +1,14 @@
 """Micro-benchmark of the kernels' CPU paths against the naive reference and the obvious alternative.
 
-Each case times the public kernel (torch backend) on a realistic step, the per-token float64 reference
-of `kernels.reference` ("naive"), and the other batched formulation ("alt"):
+Each case times the public kernel (`--backend torch`: the torch paths; `native`: the C++ kernels of
+`kernels.native`, where they exist, prefill attention staying on torch) on a realistic step, the
+per-token float64 reference of `kernels.reference` ("naive"), and the other batched formulation ("alt"):
 gather-bmm for LoRA (each token's adapter weights gathered, one batched matmul), and one padded gather
 plus torch's masked SDPA for attention (the kernels' previous CPU path). Kernel outputs are checked
 against the reference before timing. Shapes: hidden 512 (the zoo's `small`) and 2048, 64–256 tokens,
 16 adapters of ranks 8–64 with Zipf popularity and base-model tokens, 8 query / 2 KV heads.
 
-    python -m loadtest.bench_kernels [--threads 1] [--repeats 15] [--quick]
+    python -m loadtest.bench_kernels [--threads 1] [--repeats 15] [--quick] [--backend torch|native]
 
 The last line printed is one JSON object: per case the median times (ms) and the speed-ups.
 """
@@ -270,8 +271,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--repeats", type=int, default=15, help="timed runs per measurement (median reported)"
     )
     parser.add_argument("--quick", action="store_true", help="fp32 and the smallest cases only")
+    parser.add_argument(
+        "--backend",
+        choices=("torch", "native"),
+        default="torch",
+        help="the CPU path measured",
+    )
     args = parser.parse_args(argv)
-    os.environ[BACKEND_ENV] = "torch"  # the CPU paths are what this measures, whatever the caller's setting
+    os.environ[BACKEND_ENV] = args.backend  # a CPU path is what this measures, whatever the caller's setting
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with torch.inference_mode():
@@ -282,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     speedups = [r.naive_ms / r.kernel_ms for r in results]
     alt = [r.alt_ms / r.kernel_ms for r in results]
     summary = {
+        "backend": args.backend,
         "threads": args.threads,
         "cases": {r.name: r.summary() for r in results},
         "geomean_speedup_vs_naive": round(math.exp(sum(map(math.log, speedups)) / len(speedups)), 2),

@@ -3,8 +3,11 @@
 The workload is `bench_engine`'s (`loadtest.bench_models`, `loadtest.workload`): for `tiny`, prompts of
 32–512 token ids sharing system prompts, 64–256 output tokens each, 16 adapter names with Zipf popularity
 and 15% base requests. It runs:
-  1. offline, through an `LLMEngine` in this process (all requests added at once, stepped until done, as
-     `bench_engine.run_loragate` does): `offline_tok_s`;
+  1. offline, through an `LLMEngine` in this process: all requests added at once and stepped until done,
+     as `bench_engine.run_loragate` does (the top-level `offline_tok_s`), and for each concurrency C with
+     C requests in flight, the next added as one finishes (the level's `offline_tok_s`: what C clients
+     can get from one engine with no fleet in between; `serve_vs_offline` divides by it, and
+     `serve_vs_offline_all_at_once` by the top-level figure);
   2. for each `--concurrency` C, through a fresh `loragate up`-style stack (`loadtest.serve_stack`: an
      embedded Redis, one gateway, one worker of the same model, adapters and engine knobs), by C streaming
      clients (`loadtest.serve_clients`: the prompts' token ids, greedy, EOS ignored, so each request yields
@@ -39,6 +42,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +50,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from loadtest.bench_engine import run_loragate
 from loadtest.bench_models import BenchModel, bench_model
@@ -102,16 +107,35 @@ def worker_flags(config: EngineConfig, args: argparse.Namespace) -> list[str]:
     return [
         *("--max-loras", str(config.max_loras), "--max-num-seqs", str(config.max_num_seqs)),
         *("--max-num-batched-tokens", str(config.max_num_batched_tokens)),
-        *("--kv-cache-mb", str(config.kv_cache_bytes // 1024**2)),
+        *(("--kv-cache-mb", str(config.kv_cache_bytes // 1024**2)) if config.kv_cache_bytes else ()),
         *("--device", args.device, "--dtype", args.dtype),
     ]
 
 
+def closed_loop(engine: LLMEngine, requests: list[Request], concurrency: int, label: str) -> float:
+    """Tokens per second of `engine` serving `requests` with at most `concurrency` in flight, the next
+    one added as soon as one finishes: what `concurrency` clients ask of a worker, minus the fleet."""
+    pending = list(reversed(requests))
+    total = sum(r.params.max_tokens for r in requests)
+    in_flight = 0
+    start = time.perf_counter()
+    with tqdm(total=total, desc=label, unit="tok", file=sys.stderr) as bar:
+        while pending or engine.has_work():
+            while pending and in_flight < concurrency:
+                engine.add_request(pending.pop())
+                in_flight += 1
+            for out in engine.step():
+                bar.update(len(out.new_token_ids))
+                in_flight -= out.finished
+    return total / (time.perf_counter() - start)
+
+
 def offline(
-    bench: BenchModel, config: EngineConfig, cap: int | None, warmups: int
-) -> tuple[list[Request], list[Request], float]:
-    """The workload (output tokens capped at `cap`), the warm-up requests, and the offline engine's tokens
-    per second on the workload (after the warm-up)."""
+    bench: BenchModel, config: EngineConfig, cap: int | None, warmups: int, levels: list[int]
+) -> tuple[list[Request], list[Request], float, dict[int, float]]:
+    """The workload (output tokens capped at `cap`), the warm-up requests, the offline engine's tokens per
+    second on the workload all at once, and with each level's number of requests in flight (each run on
+    a fresh engine after the warm-up, so none finds the last one's prefix cache)."""
     engine = LLMEngine(bench.model_dir, config)
     requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
     warm = warmup_requests(warmups, list(bench.adapters), bench.workload.min_token_id)
@@ -121,9 +145,18 @@ def offline(
         ]
     engine.generate(warm)
     tok_s, _ = run_loragate(engine, requests, "offline engine")
+    per_level = {}
+    for concurrency in levels:
+        del engine
+        gc.collect()
+        engine = LLMEngine(bench.model_dir, config)
+        engine.generate(warm)
+        per_level[concurrency] = closed_loop(
+            engine, requests, concurrency, f"offline, {concurrency} in flight"
+        )
     del engine
     gc.collect()  # its KV pool and weights must not crowd the worker's
-    return requests, warm, tok_s
+    return requests, warm, tok_s, per_level
 
 
 def served(
@@ -165,12 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_fd_limit()
     bench = bench_model(args.model, args.adapters, args.requests)
     config = EngineConfig(adapters=bench.adapters, max_loras=args.max_loras, device=device, dtype=dtype)
-    requests, warm, offline_tok_s = offline(bench, config, args.max_tokens, max(levels))
+    requests, warm, offline_tok_s, closed = offline(bench, config, args.max_tokens, max(levels), levels)
     flags = worker_flags(config, args)
     per_level: dict[str, Any] = {}
     for concurrency in levels:
         results, wall = served(bench, args.model, flags, warm, requests, concurrency)
-        per_level[str(concurrency)] = summarize(results, wall, offline_tok_s)
+        per_level[str(concurrency)] = summarize(results, wall, closed[concurrency], offline_tok_s)
     result = {
         "model": args.model,
         "device": device,

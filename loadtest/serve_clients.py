@@ -160,7 +160,9 @@ async def run_clients(
     return results, wall
 
 
-def summarize(results: list[StreamStats], wall_s: float, offline_tok_s: float) -> dict[str, Any]:
+def summarize(
+    results: list[StreamStats], wall_s: float, offline_tok_s: float, all_at_once_tok_s: float
+) -> dict[str, Any]:
     """The figures of one concurrency level (the keys issue 15 names, and a few for context)."""
     tokens = sum(r.tokens for r in results)
     ttft = [r.ttft_s for r in results if r.ttft_s is not None]
@@ -175,6 +177,7 @@ def summarize(results: list[StreamStats], wall_s: float, offline_tok_s: float) -
         "serve_tok_s": round(serve_tok_s, 1),
         "offline_tok_s": round(offline_tok_s, 1),
         "serve_vs_offline": round(serve_tok_s / offline_tok_s, 3),
+        "serve_vs_offline_all_at_once": round(serve_tok_s / all_at_once_tok_s, 3),
         "ttft_p50_ms": ms(pct(ttft, 50)),
         "ttft_p99_ms": ms(pct(ttft, 99)),
         "itl_p50_ms": ms(pct(itl, 50)),
