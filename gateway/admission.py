@@ -7,7 +7,10 @@ model is busy, requests wait in the gateway in a virtual-token-counter fair queu
 (`policies.fairness.FairQueue`, one per base model) and are released in fair order as capacity frees, so
 one tenant's flood cannot starve the others. Below the busy threshold nothing waits.
 
-A model's free room is `Σ max(0, per_worker − outstanding)` over its live workers; each tick releases at
+A model's free room is `Σ max(0, per_worker − outstanding)` over its live workers, where `per_worker` is
+the configured bound or, by default, each worker's own batch capacity (`max_running`, its
+`--max-num-seqs`): below it a request waits nowhere (the engine batches it in its next step), above it the
+gateway's fair queue orders the backlog, since the engine would only queue it FCFS. Each tick releases at
 most that many requests (they are counted on their worker as soon as they are routed). A request that
 still waits after `max_wait_s` (a backstop: the wait bound should refuse it before it queues) is refused
 with 429. Tenants are charged the tokens they were actually served when a request ends (the
@@ -28,7 +31,11 @@ from gateway.fleet import Fleet
 from gateway.overload import Limits, judge, retry_after
 from gateway.queue_estimate import DrainMeter, Load, WorkerSlots, fleet_rate
 from gateway.settings import GatewaySettings
+from loragate.messages import WorkerState
 from policies.fairness import FairQueue, token_cost
+
+# Per-worker room for workers whose heartbeat does not give their batch capacity.
+DEFAULT_PER_WORKER = 48
 
 
 @dataclass(eq=False)
@@ -41,7 +48,7 @@ class FairAdmission:
     def __init__(
         self,
         fleet: Fleet,
-        per_worker: int = 48,
+        per_worker: int = 0,
         max_wait_s: float = 30.0,
         tick_s: float = 0.005,
         limits: Limits | None = None,
@@ -65,8 +72,12 @@ class FairAdmission:
             limits=Limits.from_settings(settings),
         )
 
+    def capacity(self, state: WorkerState) -> int:
+        """Outstanding requests `state`'s worker takes before its model's requests queue fairly."""
+        return self.per_worker or state.max_running or DEFAULT_PER_WORKER
+
     def room(self, base: str) -> int:
-        return sum(max(0, self.per_worker - w.load) for w in self.fleet.serving(base))
+        return sum(max(0, self.capacity(w.state) - w.load) for w in self.fleet.serving(base))
 
     def waiting(self, base: str) -> int:
         q = self.queues.get(base)

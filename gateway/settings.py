@@ -8,7 +8,8 @@ request_timeout_s: 600
 redis_timeout_s: 5                # a request that waits longer for Redis gets a 503
 body_timeout_s: 30                # a request body must arrive within this, else 408
 header_timeout_s: 10              # the request line and headers must arrive within this, else 408
-fair_admission_per_worker: 48     # beyond this many outstanding per worker, tenants queue fairly
+fair_admission_per_worker: 0      # beyond this many outstanding per worker, tenants queue fairly (0: the
+                                  # worker's own batch capacity, its --max-num-seqs)
 # Overload (gateway/overload.py): refuse at once with 429 + Retry-After what would wait too long.
 admission_wait_bound_s: 30        # estimated queue wait (requests ahead / measured drain rate); 0 = off
 admission_max_queued: 0           # requests waiting (not running) per model; 0 = no limit
@@ -51,7 +52,9 @@ class GatewaySettings:
     max_body_bytes: int = 4 * 1024 * 1024
     body_timeout_s: float = 30.0  # the whole body must arrive within this (408), on every route
     header_timeout_s: float = 10.0  # the request line and headers must arrive within this (408)
-    fair_admission_per_worker: int = 48  # outstanding requests per worker before fair queueing starts
+    # Outstanding requests per worker before fair queueing starts; 0: each worker's own batch capacity
+    # (its heartbeat's `max_running`, or DEFAULT_PER_WORKER when it does not say).
+    fair_admission_per_worker: int = 0
     fair_admission_max_wait_s: float = 30.0
     admission_wait_bound_s: float = 30.0  # refuse (429) when the estimated queue wait exceeds it; 0 = off
     admission_max_queued: int = 0  # per model: requests waiting (not running) beyond which 429; 0 = off

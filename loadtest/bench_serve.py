@@ -29,7 +29,7 @@ process is SIGKILLed).
 The last line printed is one JSON object: the workload, `offline_tok_s`, and per concurrency
 `serve_tok_s`, `offline_tok_s`, `serve_vs_offline`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`, `itl_p99_ms`,
 `errors`, `requests` (and `tpot_p50_ms`, the median per-request mean ITL, `wall_s`, `refusals_429`,
-`error_kinds`).
+`error_kinds`, and `cpu_s`: CPU seconds the worker, gateway, Redis and clients used during the level).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 from loadtest.bench_engine import run_loragate
 from loadtest.bench_models import BenchModel, bench_model
-from loadtest.procs import BenchError, raise_fd_limit
+from loadtest.procs import BenchError, CPUMeter, raise_fd_limit
 from loadtest.serve_clients import StreamStats, run_clients, summarize
 from loadtest.serve_stack import API_KEY, ServeStack
 from loadtest.workload import make_workload
@@ -166,11 +166,12 @@ def served(
     warm: list[Request],
     requests: list[Request],
     concurrency: int,
-) -> tuple[list[StreamStats], float]:
+) -> tuple[list[StreamStats], float, dict[str, float]]:
     """The warm-up, then the workload, through a fresh stack by `concurrency` clients: the workload's
-    per-request stats and its wall time. The warm-up also gives the gateway a drain rate to estimate queue
-    waits with, as a stack that has served before has (a fresh gateway's, from a single short request,
-    would refuse a burst of clients with 429: `gateway.overload`)."""
+    per-request stats, its wall time and the CPU seconds each process used meanwhile. The warm-up also
+    gives the gateway a drain rate to estimate queue waits with, as a stack that has served before has (a
+    fresh gateway's, from a single short request, would refuse a burst of clients with 429:
+    `gateway.overload`)."""
     with (
         tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp,
         ServeStack(Path(tmp), bench.model_dir, model, bench.adapters, flags) as stack,
@@ -180,10 +181,19 @@ def served(
         if failed := [w.error for w in warmed if w.error is not None]:
             raise BenchError(f"warm-up requests failed ({failed[:3]}):\n{stack.logs()}")
         label = f"served, {concurrency} clients"
+        names = ["worker", "gateway", "redis"]
+        pids = [
+            stack.procs["worker"].pid,
+            stack.procs["gateway"].pid,
+            stack.redis.proc.pid if stack.redis.proc else 0,
+        ]
+        meter = CPUMeter(pids)
         results, wall = asyncio.run(run_clients(stack.port, API_KEY, model, requests, concurrency, label))
+        cpu = {name: round(used, 2) for name, used in zip(names, meter.used(), strict=True)}
+        cpu["clients"] = round(meter.client_used(), 2)
         if any(r.error for r in results):
             print(f"the stack's logs, last lines:\n{stack.logs()}", file=sys.stderr)
-        return results, wall
+        return results, wall, cpu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -202,8 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags = worker_flags(config, args)
     per_level: dict[str, Any] = {}
     for concurrency in levels:
-        results, wall = served(bench, args.model, flags, warm, requests, concurrency)
-        per_level[str(concurrency)] = summarize(results, wall, closed[concurrency], offline_tok_s)
+        results, wall, cpu = served(bench, args.model, flags, warm, requests, concurrency)
+        per_level[str(concurrency)] = {
+            **summarize(results, wall, closed[concurrency], offline_tok_s),
+            "cpu_s": cpu,
+        }
     result = {
         "model": args.model,
         "device": device,

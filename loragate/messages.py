@@ -144,6 +144,7 @@ class WorkerState:
     running: int = 0
     waiting: int = 0
     max_adapters: int = 0
+    max_running: int = 0  # its engine's batch capacity (max_num_seqs); 0 from workers that do not say
     draining: bool = False
     decode_tok_s: float = 0.0
     prefill_tok_s: float = 0.0

@@ -99,6 +99,7 @@ class LLMEngine:
             vocab_size=cfg.vocab_size,
             block_size=config.block_size,
             max_loras=config.max_loras,
+            max_num_seqs=config.max_num_seqs,
             device=config.device,
             dtype=config.dtype,
         )

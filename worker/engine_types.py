@@ -36,6 +36,7 @@ class EngineInfo:
     vocab_size: int
     block_size: int
     max_loras: int
+    max_num_seqs: int
     device: str
     dtype: torch.dtype
 

@@ -152,6 +152,7 @@ def engine_state(
         running=snap.running,
         waiting=snap.waiting,
         max_adapters=info.max_loras,
+        max_running=info.max_num_seqs,
         draining=draining,
         decode_tok_s=round(decode_tok_s, 1),
         device=info.device,

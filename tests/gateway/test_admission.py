@@ -84,3 +84,14 @@ def test_waiting_too_long_is_a_429() -> None:
         assert e.value.status == 429 and e.value.headers["Retry-After"] == "1"
 
     asyncio.run(run())
+
+
+def test_by_default_each_worker_takes_its_own_batch_capacity() -> None:
+    f = Fleet(aioredis.Redis())
+    f.workers = {
+        "big": WorkerView(WorkerState("big", "tiny", "/m", 2048, max_running=128), 100),
+        "small": WorkerView(WorkerState("small", "tiny", "/m", 2048, max_running=8), 3),
+        "old": WorkerView(WorkerState("old", "tiny", "/m", 2048), 40),  # says nothing: the default
+    }
+    assert FairAdmission(f).room("tiny") == (128 - 100) + (8 - 3) + (48 - 40)
+    assert FairAdmission(f, per_worker=50).room("tiny") == 0 + (50 - 3) + (50 - 40)  # configured: for all

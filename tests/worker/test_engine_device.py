@@ -138,4 +138,5 @@ def test_16_bit_on_cpu_runs_and_stays_close_to_float32(zoo: ZooPaths, dtype: tor
     assert all(len(c.token_ids) == 12 for c in (*greedy, *sampled))
     state = engine_state(low, "w1", "tiny", set(), False, 0.0)
     assert (state.device, state.dtype) == ("cpu", str(dtype).removeprefix("torch."))
+    assert state.max_running == low.config.max_num_seqs  # the gateway admits this many before queueing
     assert WorkerState.from_json(state.to_json()) == state
