@@ -10,13 +10,15 @@ per layer reads every sequence's K/V in place, block by block, with all threads 
 The build: `g++` (or `$CXX`) against the installed torch's headers and libraries, `-O3 -march=native`,
 into `$LORAGATE_KERNEL_CACHE` (default `~/.cache/loragate/kernels`), one directory per hash of the
 source, the flags, the torch version and this CPU's model and flags, so machines sharing a home directory
-never load each other's code. Concurrent builds write to private temporary files and rename into place.
+never load each other's code. Processes starting together build once (a lock file); the build goes to a
+private temporary file renamed into place. Sources compile in parallel (~15 s here).
 Where no compiler works the library is absent: `available()` is False, a warning says why (once), and the
 kernels fall back to the torch paths, which compute the same thing.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -53,23 +55,48 @@ def _cpu_identity() -> str:
     return "\n".join(sorted({line for line in text.splitlines() if line.split(":")[0].strip() in keys}))
 
 
-def _command(compiler: str, output: Path) -> list[str]:
+def _flags() -> list[str]:
     from torch.utils import cpp_extension
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [
-        compiler,
-        *FLAGS,
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        *(f"-I{p}" for p in cpp_extension.include_paths()),
-        *(str(s) for s in SOURCES),
-        "-o",
-        str(output),
-        *(f"-L{p}" for p in cpp_extension.library_paths()),
-        *(f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()),
-        "-lc10",
-        "-ltorch_cpu",
-    ]
+    return [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in cpp_extension.include_paths())]
+
+
+def _link_flags() -> list[str]:
+    from torch.utils import cpp_extension
+
+    paths = cpp_extension.library_paths()
+    return [*(f"-L{p}" for p in paths), *(f"-Wl,-rpath,{p}" for p in paths), "-lc10", "-ltorch_cpu"]
+
+
+def _compile(compiler: str, output: Path) -> None:
+    """Each source to an object in parallel (they are independent), then one link into `output`."""
+    objects = [output.with_suffix(f".{i}.o") for i in range(len(SOURCES))]
+    try:
+        jobs = [
+            subprocess.Popen(
+                [compiler, *_flags(), "-c", str(src), "-o", str(obj)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for src, obj in zip(SOURCES, objects, strict=True)
+        ]
+        errors = [job.communicate(timeout=600)[1] for job in jobs]
+        for job, err in zip(jobs, errors, strict=True):
+            if job.returncode != 0:
+                raise RuntimeError(f"{compiler} failed: {err.strip()[-2000:]}")
+        done = subprocess.run(
+            [compiler, *FLAGS, *(str(o) for o in objects), "-o", str(output), *_link_flags()],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed to link: {done.stderr.strip()[-2000:]}")
+    finally:
+        for obj in objects:
+            obj.unlink(missing_ok=True)
 
 
 def library_path() -> Path:
@@ -84,7 +111,8 @@ def library_path() -> Path:
 
 
 def build() -> Path:
-    """Compile the sources unless this machine's build exists; its path. RuntimeError saying why not."""
+    """Compile the sources unless this machine's build exists; its path. RuntimeError saying why not.
+    Processes starting together build once: the others wait on the build directory's lock."""
     target = library_path()
     if target.exists():
         return target
@@ -92,15 +120,18 @@ def build() -> Path:
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++, c++ or $CXX) found")
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        done = subprocess.run(_command(compiler, Path(tmp)), capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, target)  # atomic: a concurrent build of the same sources writes the same file
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with open(target.parent / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # built by the process that held the lock
+            return target
+        log.info("building the native CPU kernels into %s (once per machine)", target.parent)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+        os.close(fd)
+        try:
+            _compile(compiler, Path(tmp))
+            os.replace(tmp, target)  # atomic: a reader never sees a half-written library
+        finally:
+            Path(tmp).unlink(missing_ok=True)
     return target
 
 

@@ -15,6 +15,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -36,6 +38,20 @@ std::vector<Work> tiles(const at::Tensor& segments, const int64_t* ranks) {
   return out;
 }
 
+// float -> T. For bf16, round to nearest even on the bits (what c10 does for every non-NaN value), written
+// so that the compiler vectorizes it: c10's conversion tests for NaN first and stays scalar.
+template <typename T>
+inline T from_float(float v) {
+  return static_cast<T>(v);
+}
+template <>
+inline at::BFloat16 from_float<at::BFloat16>(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return at::BFloat16(static_cast<uint16_t>(bits >> 16), at::BFloat16::from_bits());
+}
+
 template <typename T>
 inline void to_float(float* dst, const T* src, int64_t n) {
 #pragma omp simd
@@ -43,9 +59,9 @@ inline void to_float(float* dst, const T* src, int64_t n) {
 }
 
 // Dot products of one weight row with TILE token rows, the row read once for all of them.
-template <typename T>
-inline void dots4(float* out, const T* w, const T* x, int64_t ldx, int64_t n) {
-  const T *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+template <typename T, typename X>
+inline void dots4(float* out, const T* w, const X* x, int64_t ldx, int64_t n) {
+  const X *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
   float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
   for (int64_t d = 0; d < n; ++d) {
@@ -58,8 +74,8 @@ inline void dots4(float* out, const T* w, const T* x, int64_t ldx, int64_t n) {
   out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
 
-template <typename T>
-inline float dot(const T* w, const T* x, int64_t n) {
+template <typename T, typename X>
+inline float dot(const T* w, const X* x, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
   for (int64_t d = 0; d < n; ++d) s += static_cast<float>(x[d]) * static_cast<float>(w[d]);
@@ -77,19 +93,29 @@ void shrink(at::Tensor& y, const at::Tensor& x, const at::Tensor& w, const at::T
   const std::vector<Work> work = tiles(segments, ranks);
   at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
     float s[TILE];
+    std::vector<float> xs(std::is_same_v<T, float> ? 0 : TILE * in);  // 16-bit rows, converted once
     for (int64_t i = begin; i < end; ++i) {
       const Work& k = work[i];
       const T* xt = xp + k.token * ldx;
+      const float* xf = nullptr;
+      if constexpr (!std::is_same_v<T, float>) {
+        for (int64_t u = 0; u < k.tile; ++u) to_float(xs.data() + u * in, xt + u * ldx, in);
+        xf = xs.data();
+      }
       for (int64_t j = 0; j < ranks[k.slot]; ++j) {
         const T* wr = wp + (k.slot * max_rank + j) * in;
-        if (k.tile == TILE) {
+        if (xf != nullptr && k.tile == TILE) {
+          dots4(s, wr, xf, in, in);
+        } else if (xf != nullptr) {
+          for (int64_t u = 0; u < k.tile; ++u) s[u] = dot(wr, xf + u * in, in);
+        } else if (k.tile == TILE) {
           dots4(s, wr, xt, ldx, in);
         } else {
           for (int64_t u = 0; u < k.tile; ++u) s[u] = dot(wr, xt + u * ldx, in);
         }
         for (int64_t u = 0; u < k.tile; ++u) {
           T* out = yp + (k.token + u) * ldy + j;
-          *out = static_cast<T>(static_cast<float>(*out) + scales[k.slot] * s[u]);
+          *out = from_float<T>(static_cast<float>(*out) + scales[k.slot] * s[u]);
         }
       }
     }
@@ -100,14 +126,14 @@ constexpr int64_t LANES = 16;  // outputs accumulated in registers at a time (on
 
 // y rows += v rows @ B^T for one tile, B stored [R, O] (outputs contiguous): the tile's partial sums
 // for LANES outputs stay in registers over the whole rank; each B value is loaded once per tile.
-template <typename T>
-void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t tile, int64_t r, const T* b, int64_t r_stride,
+template <typename T, typename B>
+void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t tile, int64_t r, const B* b, int64_t r_stride,
                  int64_t outs) {
   int64_t o0 = 0;
   for (; o0 + LANES <= outs; o0 += LANES) {
     float acc[TILE][LANES] = {};
     for (int64_t j = 0; j < r; ++j) {
-      const T* br = b + j * r_stride + o0;
+      const B* br = b + j * r_stride + o0;
       const float c0 = vs[j], c1 = vs[r + j], c2 = vs[2 * r + j], c3 = vs[3 * r + j];
 #pragma omp simd
       for (int64_t l = 0; l < LANES; ++l) {
@@ -121,14 +147,14 @@ void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t tile, int64_t r, co
     for (int64_t u = 0; u < tile; ++u) {
       T* out = y + u * ldy + o0;
 #pragma omp simd
-      for (int64_t l = 0; l < LANES; ++l) out[l] = static_cast<T>(static_cast<float>(out[l]) + acc[u][l]);
+      for (int64_t l = 0; l < LANES; ++l) out[l] = from_float<T>(static_cast<float>(out[l]) + acc[u][l]);
     }
   }
   for (int64_t o = o0; o < outs; ++o) {  // the last outputs, fewer than LANES
     for (int64_t u = 0; u < tile; ++u) {
       float s = 0.f;
       for (int64_t j = 0; j < r; ++j) s += vs[u * r + j] * static_cast<float>(b[j * r_stride + o]);
-      y[u * ldy + o] = static_cast<T>(static_cast<float>(y[u * ldy + o]) + s);
+      y[u * ldy + o] = from_float<T>(static_cast<float>(y[u * ldy + o]) + s);
     }
   }
 }
@@ -159,6 +185,9 @@ void expand(at::Tensor& y, const at::Tensor& v, const at::Tensor& b, const at::T
   const std::vector<Work> work = tiles(segments, ranks);
   at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> vs(TILE * b.size(2));
+    // 16-bit B in the axpy layout: the slot's [R, O] converted to fp32 once per run of its tiles.
+    std::vector<float> bf(std::is_same_v<T, float> || !axpy ? 0 : b.size(2) * outs);
+    int64_t converted = -1;
     for (int64_t i = begin; i < end; ++i) {
       const Work& k = work[i];
       const int64_t r = ranks[k.slot];
@@ -166,7 +195,13 @@ void expand(at::Tensor& y, const at::Tensor& v, const at::Tensor& b, const at::T
       for (int64_t u = 0; u < k.tile; ++u) to_float(vs.data() + u * r, vp + (k.token + u) * ldv, r);
       T* yt = yp + k.token * ldy;
       const T* base = bp + k.slot * slot_stride;
-      if (axpy) {
+      if (axpy && !bf.empty()) {
+        if (converted != k.slot) {
+          for (int64_t j = 0; j < r; ++j) to_float(bf.data() + j * outs, base + j * r_stride, outs);
+          converted = k.slot;
+        }
+        expand_axpy(yt, ldy, vs.data(), k.tile, r, bf.data(), outs, outs);
+      } else if (axpy) {
         expand_axpy(yt, ldy, vs.data(), k.tile, r, base, r_stride, outs);
       } else {
         expand_dots(yt, ldy, vs.data(), k.tile, r, base, o_stride, r_stride, outs);
