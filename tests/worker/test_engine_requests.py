@@ -12,8 +12,8 @@ from loragate.types import Request, SamplingParams
 from worker.engine_requests import check_request
 from worker.engine_types import EngineInfo
 
-INFO = EngineInfo(Path("/m"), max_model_len=64, vocab_size=100, block_size=16, max_loras=2, device="cpu",
-                  dtype=torch.float32)  # fmt: skip
+INFO = EngineInfo(Path("/m"), max_model_len=64, vocab_size=100, block_size=16, max_loras=2, max_num_seqs=8,
+                  device="cpu", dtype=torch.float32)  # fmt: skip
 
 
 def req(prompt: tuple[int, ...], max_tokens: int = 8, resumed: tuple[int, ...] = ()) -> Request:
