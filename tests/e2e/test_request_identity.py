@@ -54,9 +54,17 @@ class SmallBatchStack(Stack):
 
 @pytest.fixture(scope="module")
 def stack(zoo: ZooPaths, redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    # Queue-wait admission (429) off: these tests queue requests on purpose (test_overload's subject).
+    # Queue-wait admission (429) off, and the gateway's fair queue only past 64 outstanding per worker
+    # (not at the worker's batch size, the default): these tests queue requests in Redis on purpose.
     workdir = Path(tmp_path_factory.mktemp("identity"))
-    with running_stack(zoo, redis_server, workdir, stack_type=SmallBatchStack, admission_wait_bound_s=0) as s:
+    with running_stack(
+        zoo,
+        redis_server,
+        workdir,
+        stack_type=SmallBatchStack,
+        admission_wait_bound_s=0,
+        fair_admission_per_worker=64,
+    ) as s:
         yield s
 
 
@@ -352,9 +360,9 @@ def test_retries_after_a_gateway_kill_attach_to_the_queued_requests(
             return waiting
 
     unread = asyncio.run(before_kill())
-    assert unread > 0  # the kill found requests that no worker had read yet
-    stack.start_gateway()
+    stack.start_gateway()  # before any assertion: the module's other tests need a gateway
     stack.wait_ready(workers=2)
+    assert unread > 0  # the kill found requests that no worker had read yet
 
     async def retry(client: httpx.AsyncClient, prompt: str, rid: str) -> tuple[Result, int]:
         """A client that retries with its id, honouring 429/503 with `Retry-After` (admission, not errors)."""
