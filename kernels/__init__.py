@@ -7,6 +7,7 @@ Each entry point takes its tensors (output first, updated in place) and one per-
 from kernels.attention import paged_attention_decode, paged_attention_prefill, write_kv
 from kernels.attention_meta import AttentionMeta
 from kernels.glue import add_rms_norm, rope_, silu_mul
+from kernels.linear import linear, pack_linear_weight
 from kernels.lora_meta import LoRABatchMeta
 from kernels.sgmv import sgmv_expand, sgmv_shrink
 
@@ -14,6 +15,8 @@ __all__ = [
     "AttentionMeta",
     "LoRABatchMeta",
     "add_rms_norm",
+    "linear",
+    "pack_linear_weight",
     "paged_attention_decode",
     "paged_attention_prefill",
     "rope_",

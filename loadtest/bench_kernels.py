@@ -3,10 +3,12 @@
 Each case times the public kernel (`--backend torch`: the torch paths; `native`: the C++ kernels of
 `kernels.native`, where they exist, prefill attention staying on torch) on a realistic step, the
 per-token float64 reference of `kernels.reference` ("naive"), and the other batched formulation ("alt"):
-gather-bmm for LoRA (each token's adapter weights gathered, one batched matmul), and one padded gather
-plus torch's masked SDPA for attention (the kernels' previous CPU path). Kernel outputs are checked
-against the reference before timing. Shapes: hidden 512 (the zoo's `small`) and 2048, 64–256 tokens,
-16 adapters of ranks 8–64 with Zipf popularity and base-model tokens, 8 query / 2 KV heads.
+gather-bmm for LoRA (each token's adapter weights gathered, one batched matmul), one padded gather
+plus torch's masked SDPA for attention (the kernels' previous CPU path), and plain `F.linear` (MKL) for
+the dense linears (`kernels.linear`: oneDNN on a packed weight with `native`, `F.linear` with `torch`).
+Kernel outputs are checked against the reference before timing. Shapes: hidden 512 (the zoo's `small`)
+and 2048, 64–256 tokens, 16 adapters of ranks 8–64 with Zipf popularity and base-model tokens, 8 query /
+2 KV heads; SmolLM2's projections and LM head for the linears.
 
     python -m loadtest.bench_kernels [--threads 1] [--repeats 15] [--quick] [--backend torch|native]
 
@@ -29,6 +31,8 @@ import torch.nn.functional as F
 from kernels import (
     AttentionMeta,
     LoRABatchMeta,
+    linear,
+    pack_linear_weight,
     paged_attention_decode,
     paged_attention_prefill,
     sgmv_expand,
@@ -131,6 +135,24 @@ def lora_case(name: str, tokens: int, hidden: int, out: int, dtype: torch.dtype,
         median_ms(kernel, repeats),
         median_ms(naive, max(3, repeats // 5)),
         median_ms(gather_bmm, max(3, repeats // 3)),
+        err,
+    )
+
+
+def linear_case(name: str, rows: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> Timing:
+    """One dense projection of a decode step or a prefill chunk, bias-free (SmolLM2's shapes)."""
+    gen = torch.Generator().manual_seed(rows + n)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    packed = pack_linear_weight(w)
+    wide = w.double()
+
+    err = rel_err(linear(x, packed), F.linear(x.double(), wide))
+    return Timing(
+        name,
+        median_ms(lambda: linear(x, packed), repeats),
+        median_ms(lambda: F.linear(x.double(), wide), max(3, repeats // 5)),
+        median_ms(lambda: F.linear(x, w), repeats),
         err,
     )
 
@@ -250,6 +272,14 @@ def run_cases(repeats: int, quick: bool) -> list[Timing]:
             ("sgmv prefill T=256 H=512", 256, 512, 512),
             ("sgmv prefill T=256 H=2048", 256, 2048, 2048),
         ]
+        dense = [
+            ("linear decode T=48 576->3072", 48, 576, 3072),
+            ("linear decode T=128 576->960", 128, 576, 960),
+            ("linear lm-head T=48 576->49152", 48, 576, 49152),
+            ("linear prefill T=512 1536->576", 512, 1536, 576),
+        ]
+        for name, rows, k, n in dense[: 2 if quick else None]:
+            results.append(linear_case(f"{name} {tag}", rows, k, n, dtype, repeats))
         for name, tokens, hidden, out in lora[: 2 if quick else None]:
             results.append(lora_case(f"{name} {tag}", tokens, hidden, out, dtype, repeats))
         results.append(decode_case(f"attn decode B=64 ctx<=512 {tag}", 64, 512, dtype, repeats))

@@ -3,7 +3,7 @@
 Wraps the model runner's parts with wall-clock timers (the CPU path is synchronous; on CUDA each timer
 synchronizes first, which slows the run but keeps the split honest) and runs the workload once:
 
-- `linear`: the base projections and the LM head (`F.linear` in `worker.model`);
+- `linear`: the base projections and the LM head (`kernels.linear` in `worker.model`);
 - `lora`: every adapter's shrink and expand (`ModelRunner._lora`);
 - `attention_decode`, `attention_prefill`, `write_kv`: the paged-attention kernels and the KV writes;
 - `model_other`: the rest of the forward (embedding, norms, RoPE, activations, residual adds);
@@ -70,24 +70,11 @@ def instrument(engine: LLMEngine, timers: Timers) -> None:
         ("paged_attention_decode", "attention_decode"),
         ("paged_attention_prefill", "attention_prefill"),
         ("write_kv", "write_kv"),
+        ("linear", "linear"),
     ):
         setattr(model_module, name, timers.wrap(category, getattr(model_module, name)))
-    model_module.F = _TimedFunctional(timers)  # type: ignore[assignment]
     runner._lora = timers.wrap("lora", runner._lora)  # type: ignore[method-assign]
     runner.forward = timers.wrap("forward", runner.forward)  # type: ignore[method-assign]
-
-
-class _TimedFunctional:
-    """`torch.nn.functional` with `linear` timed."""
-
-    def __init__(self, timers: Timers):
-        self._linear = timers.wrap("linear", torch.nn.functional.linear)
-
-    def linear(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._linear(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch.nn.functional, name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

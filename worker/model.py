@@ -11,14 +11,15 @@ logprobs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 
 from kernels import (
     LoRABatchMeta,
     add_rms_norm,
+    linear,
+    pack_linear_weight,
     paged_attention_decode,
     paged_attention_prefill,
     rope_,
@@ -44,9 +45,25 @@ class LoRAContext:
     metas: dict[str, LoRABatchMeta]
 
 
+def pack_weights(weights: ModelWeights) -> ModelWeights:
+    """`weights`, each matmul's weight now in the device's fastest layout (`kernels.linear`), layer by
+    layer in place, so the plain tensors are freed as their packed copies are made (a tied LM head gets
+    its own packed copy: the embedding table stays plain for lookups)."""
+    for i, layer in enumerate(weights.layers):
+        weights.layers[i] = replace(
+            layer,
+            qkv=pack_linear_weight(layer.qkv),
+            o=pack_linear_weight(layer.o),
+            gate_up=pack_linear_weight(layer.gate_up),
+            down=pack_linear_weight(layer.down),
+        )
+    weights.lm_head = pack_linear_weight(weights.lm_head)
+    return weights
+
+
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, kv: KVCache, max_positions: int):
-        self.cfg, self.w, self.kv = cfg, weights, kv
+        self.cfg, self.w, self.kv = cfg, pack_weights(weights), kv
         device = str(weights.embed.device)
         self.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions, weights.embed.dtype, device)
         self.scale = cfg.head_dim**-0.5
@@ -63,21 +80,21 @@ class ModelRunner:
         down: torch.Tensor | None = None  # the previous layer's MLP output, added with the next norm
         for i, layer in enumerate(self.w.layers):
             h, x = add_rms_norm(h, down, layer.input_norm, eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = linear(x, layer.qkv, layer.qkv_bias)
             self._lora(qkv, x, self.qkv_slices, i, fb, lora)
             attn = self._attention(qkv, i, fb)
-            o = F.linear(attn, layer.o, layer.o_bias)
+            o = linear(attn, layer.o, layer.o_bias)
             self._lora(o, attn, {"o_proj": 0}, i, fb, lora)
             h, x = add_rms_norm(h, o, layer.post_norm, eps)
-            gate_up = F.linear(x, layer.gate_up, layer.gate_up_bias)
+            gate_up = linear(x, layer.gate_up, layer.gate_up_bias)
             self._lora(gate_up, x, self.gate_up_slices, i, fb, lora)
             act = silu_mul(gate_up)
-            down = F.linear(act, layer.down, layer.down_bias)
+            down = linear(act, layer.down, layer.down_bias)
             self._lora(down, act, {"down_proj": 0}, i, fb, lora)
         rows = fb.logits_indices
         last_h = h[rows] if down is None else h[rows] + down[rows]
         _, last = add_rms_norm(last_h, None, self.w.norm, eps)
-        return F.linear(last, self.w.lm_head)
+        return linear(last, self.w.lm_head)
 
     def _attention(self, qkv: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cfg = self.cfg
