@@ -8,12 +8,14 @@ from kernels.attention import paged_attention_decode, paged_attention_prefill, w
 from kernels.attention_meta import AttentionMeta
 from kernels.glue import add_rms_norm, rope_, silu_mul
 from kernels.linear import linear, pack_linear_weight
-from kernels.lora_meta import LoRABatchMeta
-from kernels.sgmv import sgmv_expand, sgmv_shrink
+from kernels.lora_meta import LoRABatchMeta, LoRAGroup, LoRAProjection
+from kernels.sgmv import sgmv_expand, sgmv_group, sgmv_shrink
 
 __all__ = [
     "AttentionMeta",
     "LoRABatchMeta",
+    "LoRAGroup",
+    "LoRAProjection",
     "add_rms_norm",
     "linear",
     "pack_linear_weight",
@@ -21,6 +23,7 @@ __all__ = [
     "paged_attention_prefill",
     "rope_",
     "sgmv_expand",
+    "sgmv_group",
     "sgmv_shrink",
     "silu_mul",
     "write_kv",

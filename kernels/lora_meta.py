@@ -71,3 +71,40 @@ class LoRABatchMeta:
             slot_ids=torch.tensor(slots, dtype=torch.int64, device=device),
             segments=segments,
         )
+
+
+@dataclass(frozen=True)
+class LoRAProjection:
+    """One adapted projection of a `LoRAGroup`: its stacked weights, slot tables and output slice.
+
+    a: [L, S, R, in] stacked A weights; b: [L, S, out, R] stacked B weights (any strides);
+    scale: [S] float32 and ranks: [S] int64 per-slot tables (rank 0: the slot does not adapt it);
+    y_offset: the first column of the fused output it adds into;
+    meta: the step's segments with this projection's slot tables on the host (`for_module`).
+    """
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: torch.Tensor
+    ranks: torch.Tensor
+    y_offset: int
+    meta: LoRABatchMeta
+
+
+@dataclass(frozen=True)
+class LoRAGroup:
+    """The adapted projections that read one input and add into column slices of one fused output (q/k/v,
+    gate/up), for one step: built once per step, used by every layer (`kernels.sgmv.sgmv_group`)."""
+
+    projections: tuple[LoRAProjection, ...]
+    meta: LoRABatchMeta
+
+    @cached_property
+    def rank_table(self) -> torch.Tensor:
+        """`[M, S]` int64: each projection's ranks (the native kernel's input), made once."""
+        return torch.stack([p.ranks.to(torch.int64) for p in self.projections]).contiguous()
+
+    @cached_property
+    def scale_table(self) -> torch.Tensor:
+        """`[M, S]` float32: each projection's scales, made once."""
+        return torch.stack([p.scale.to(torch.float32) for p in self.projections]).contiguous()

@@ -9,9 +9,9 @@ per layer reads every sequence's K/V in place, block by block, with all threads 
 
 The build: `g++` (or `$CXX`) against the installed torch's headers and libraries, `-O3 -march=native`,
 into `$LORAGATE_KERNEL_CACHE` (default `~/.cache/loragate/kernels`), one directory per hash of the
-source, the flags, the torch version and this CPU's model and flags, so machines sharing a home directory
-never load each other's code. Processes starting together build once (a lock file); the build goes to a
-private temporary file renamed into place. Sources compile in parallel (~15 s here).
+sources and headers, the flags, the torch version and this CPU's model and flags, so machines sharing a
+home directory never load each other's code. Processes starting together build once (a lock file); the
+build goes to a private temporary file renamed into place. Sources compile in parallel (~15-25 s here).
 Where no compiler works the library is absent: `available()` is False, a warning says why (once), and the
 kernels fall back to the torch paths, which compute the same thing.
 """
@@ -33,9 +33,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
+_CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(
-    Path(__file__).parent / "csrc" / name for name in ("paged_decode_cpu.cpp", "sgmv_cpu.cpp", "glue_cpu.cpp")
+    _CSRC / name for name in ("paged_decode_cpu.cpp", "sgmv_cpu.cpp", "sgmv_group_cpu.cpp", "glue_cpu.cpp")
 )
+HEADERS = (_CSRC / "sgmv_common.h",)
 CACHE_ENV = "LORAGATE_KERNEL_CACHE"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 
@@ -102,7 +104,7 @@ def _compile(compiler: str, output: Path) -> None:
 def library_path() -> Path:
     """Where this machine's build of the sources lives (whether or not it is built yet)."""
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     digest.update(" ".join(FLAGS).encode())
     digest.update(torch.__version__.encode())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import use_native, use_triton
-from kernels.lora_meta import LoRABatchMeta
+from kernels.lora_meta import LoRABatchMeta, LoRAGroup
 from kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
 
 
@@ -93,3 +93,31 @@ def sgmv_expand(
         sgmv_expand_native(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
     else:
         sgmv_expand_torch(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
+
+
+def sgmv_group(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int) -> None:
+    """Shrink and expand of every projection of a group (q/k/v, or gate/up, or one alone) on one input.
+
+    Semantics:
+        for p in group.projections:
+            v = zeros(T, R_p);  sgmv_shrink(v, x, p.a, p.meta, layer=layer, scale=p.scale, ranks=p.ranks)
+            sgmv_expand(y, v, p.b, p.meta, layer=layer, y_offset=p.y_offset, ranks=p.ranks)
+        (v rounded to x's dtype between the two, as there.) The native CPU kernel does it in one call,
+        v never leaving the thread; the other backends run exactly the loop above.
+
+    Args:
+        y: Shape `[T, H_out_total]`. The fused output, updated in place; rows contiguous.
+        x: Shape `[T, H_in]`. The projections' shared input, segments contiguous.
+        group: The step's projections (`LoRAGroup`): weights `[L, S, R, H_in]` / `[L, S, N, R]`, per-slot
+            scale and rank tables `[S]`, output offsets, and the step's segments.
+        layer: Layer index into every projection's weights.
+    """
+    if use_native(x) and not use_triton(x):
+        from kernels.sgmv_native import sgmv_group_native
+
+        sgmv_group_native(y, x, group, layer=layer)
+        return
+    for p in group.projections:
+        v = x.new_zeros(x.shape[0], p.a.shape[2])
+        sgmv_shrink(v, x, p.a, p.meta, layer=layer, scale=p.scale, ranks=p.ranks)
+        sgmv_expand(y, v, p.b, p.meta, layer=layer, y_offset=p.y_offset, ranks=p.ranks)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.lora_meta import LoRABatchMeta
+from kernels.lora_meta import LoRABatchMeta, LoRAGroup
 
 
 def _ranks(ranks: torch.Tensor | None, slots: int, rank: int) -> torch.Tensor:
@@ -64,3 +64,20 @@ def sgmv_expand_native(
     )
     if target is not out:
         out.copy_(target)
+
+
+def sgmv_group_native(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int) -> None:
+    target = _rows(y)
+    torch.ops.loragate_cpu.sgmv_group(
+        target,
+        _rows(x),
+        [p.a for p in group.projections],
+        [p.b for p in group.projections],
+        group.rank_table,
+        group.scale_table,
+        [p.y_offset for p in group.projections],
+        group.meta.segment_table,
+        layer,
+    )
+    if target is not y:
+        y.copy_(target)

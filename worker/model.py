@@ -17,14 +17,15 @@ import torch
 
 from kernels import (
     LoRABatchMeta,
+    LoRAGroup,
+    LoRAProjection,
     add_rms_norm,
     linear,
     pack_linear_weight,
     paged_attention_decode,
     paged_attention_prefill,
     rope_,
-    sgmv_expand,
-    sgmv_shrink,
+    sgmv_group,
     silu_mul,
     write_kv,
 )
@@ -68,29 +69,34 @@ class ModelRunner:
         self.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions, weights.embed.dtype, device)
         self.scale = cfg.head_dim**-0.5
         q, kvs, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
-        # Where each adaptable projection's output lives inside the fused outputs.
-        self.qkv_slices = {"q_proj": 0, "k_proj": q, "v_proj": q + kvs}
-        self.gate_up_slices = {"gate_proj": 0, "up_proj": inter}
+        # The adaptable projections by fused output (and input), and where each one's columns start.
+        self.lora_slices = {
+            "qkv": {"q_proj": 0, "k_proj": q, "v_proj": q + kvs},
+            "o": {"o_proj": 0},
+            "gate_up": {"gate_proj": 0, "up_proj": inter},
+            "down": {"down_proj": 0},
+        }
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, lora: LoRAContext | None) -> torch.Tensor:
         cfg = self.cfg
         eps = cfg.rms_norm_eps
+        groups = self.lora_groups(fb, lora)
         h = self.w.embed[fb.input_ids]  # the residual stream (a fresh tensor: updated in place)
         down: torch.Tensor | None = None  # the previous layer's MLP output, added with the next norm
         for i, layer in enumerate(self.w.layers):
             h, x = add_rms_norm(h, down, layer.input_norm, eps)
             qkv = linear(x, layer.qkv, layer.qkv_bias)
-            self._lora(qkv, x, self.qkv_slices, i, fb, lora)
+            self._lora(qkv, x, groups.get("qkv"), i)
             attn = self._attention(qkv, i, fb)
             o = linear(attn, layer.o, layer.o_bias)
-            self._lora(o, attn, {"o_proj": 0}, i, fb, lora)
+            self._lora(o, attn, groups.get("o"), i)
             h, x = add_rms_norm(h, o, layer.post_norm, eps)
             gate_up = linear(x, layer.gate_up, layer.gate_up_bias)
-            self._lora(gate_up, x, self.gate_up_slices, i, fb, lora)
+            self._lora(gate_up, x, groups.get("gate_up"), i)
             act = silu_mul(gate_up)
             down = linear(act, layer.down, layer.down_bias)
-            self._lora(down, act, {"down_proj": 0}, i, fb, lora)
+            self._lora(down, act, groups.get("down"), i)
         rows = fb.logits_indices
         last_h = h[rows] if down is None else h[rows] + down[rows]
         _, last = add_rms_norm(last_h, None, self.w.norm, eps)
@@ -120,21 +126,23 @@ class ModelRunner:
             )
         return out.view(t, cfg.q_size)
 
-    @staticmethod
-    def _lora(
-        y: torch.Tensor,
-        x: torch.Tensor,
-        slices: dict[str, int],
-        layer: int,
-        fb: ForwardBatch,
-        lora: LoRAContext | None,
-    ) -> None:
+    def lora_groups(self, fb: ForwardBatch, lora: LoRAContext | None) -> dict[str, LoRAGroup]:
+        """The step's adapted projections by fused output, those no active slot adapts left out."""
         if lora is None or fb.lora is None:
-            return
-        for module, offset in slices.items():
-            if (meta := lora.metas.get(module)) is None:  # no active slot adapts it
-                continue
-            stack = lora.stacks[module]
-            v = x.new_zeros(x.shape[0], stack.a.shape[2])
-            sgmv_shrink(v, x, stack.a, meta, layer=layer, scale=stack.scale, ranks=stack.ranks)
-            sgmv_expand(y, v, stack.b, meta, layer=layer, y_offset=offset, ranks=stack.ranks)
+            return {}
+        groups = {}
+        for name, slices in self.lora_slices.items():
+            projections = tuple(
+                LoRAProjection(s.a, s.b, s.scale, s.ranks, offset, lora.metas[module])
+                for module, offset in slices.items()
+                if module in lora.metas
+                for s in (lora.stacks[module],)
+            )
+            if projections:
+                groups[name] = LoRAGroup(projections, fb.lora)
+        return groups
+
+    @staticmethod
+    def _lora(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup | None, layer: int) -> None:
+        if group is not None:
+            sgmv_group(y, x, group, layer=layer)

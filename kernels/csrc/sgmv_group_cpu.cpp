@@ -1,0 +1,152 @@
+// Multi-LoRA for a group of projections that read one input and write column slices of one fused output
+// (q/k/v into qkv, gate/up into gate_up; a group of one for o and down): every module's shrink and
+// expand in one call, one pass over the tokens.
+//
+// For each tile of TILE tokens of one segment (one adapter slot), for each module m the slot adapts:
+//   v[u, j] = round(scale[m, slot] * sum_d x[u, d] * a[m][layer, slot, j, d])   j < rank[m, slot]
+//   y[u, off[m] + o] += sum_j v[u, j] * b[m][layer, slot, o, j]
+// which is `sgmv_shrink` into a zeroed v then `sgmv_expand` (same sums, same order, v rounded to the
+// storage dtype in between), without v ever leaving the thread: one dispatch per group instead of three
+// per module, the tile's 16-bit inputs converted once for all modules.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "sgmv_common.h"
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using namespace loragate_sgmv;
+
+struct Tile {
+  int64_t token, slot, tile;
+};
+
+struct Module {
+  const void* a;  // this layer's [S, R, in], rows contiguous
+  int64_t a_slot, a_row;
+  const void* b;  // this layer's [S, O, R] through its strides
+  int64_t b_slot, b_out, b_rank, outs, offset;
+};
+
+template <typename T>
+void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, const int64_t* ranks,
+           const float* scales, int64_t slots, const std::vector<Tile>& work) {
+  const int64_t in = x.size(1), ldx = x.stride(0), ldy = y.stride(0), n = static_cast<int64_t>(mods.size());
+  int64_t max_rank = 0;
+  for (int64_t i = 0; i < n * slots; ++i) max_rank = std::max(max_rank, ranks[i]);
+  const T* xp = x.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
+    constexpr bool wide = std::is_same_v<T, float>;
+    float s[TILE];
+    std::vector<float> xs(wide ? 0 : TILE * in), vs(TILE * max_rank);
+    // 16-bit B in the axpy layout: each module's slot [R, O] converted to fp32 once per run of its tiles.
+    std::vector<std::vector<float>> bf(wide ? 0 : n);
+    std::vector<int64_t> converted(n, -1);
+    for (int64_t i = begin; i < end; ++i) {
+      const Tile& k = work[i];
+      const T* xt = xp + k.token * ldx;
+      const float* xf = nullptr;
+      if constexpr (!wide) {
+        for (int64_t u = 0; u < k.tile; ++u) to_float(xs.data() + u * in, xt + u * ldx, in);
+        xf = xs.data();
+      }
+      for (int64_t m = 0; m < n; ++m) {
+        const int64_t r = ranks[m * slots + k.slot];
+        if (r == 0) continue;
+        const Module& md = mods[m];
+        const float scale = scales[m * slots + k.slot];
+        std::fill(vs.begin(), vs.begin() + TILE * r, 0.f);  // a short tile's missing rows add zeros
+        const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
+        for (int64_t j = 0; j < r; ++j) {
+          tile_dots(s, a + j * md.a_row, xf, xt, ldx, in, k.tile);
+          for (int64_t u = 0; u < k.tile; ++u) vs[u * r + j] = static_cast<float>(from_float<T>(scale * s[u]));
+        }
+        T* yt = yp + k.token * ldy + md.offset;
+        const T* b = static_cast<const T*>(md.b) + k.slot * md.b_slot;
+        if (md.b_out != 1) {
+          expand_dots(yt, ldy, vs.data(), k.tile, r, b, md.b_out, md.b_rank, md.outs);
+        } else if constexpr (wide) {
+          expand_axpy(yt, ldy, vs.data(), k.tile, r, b, md.b_rank, md.outs);
+        } else {
+          std::vector<float>& buf = bf[m];
+          if (converted[m] != k.slot) {
+            buf.resize(r * md.outs);
+            for (int64_t j = 0; j < r; ++j) to_float(buf.data() + j * md.outs, b + j * md.b_rank, md.outs);
+            converted[m] = k.slot;
+          }
+          expand_axpy(yt, ldy, vs.data(), k.tile, r, buf.data(), md.outs, md.outs);
+        }
+      }
+    }
+  });
+}
+
+void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorList b, const at::Tensor& ranks,
+                const at::Tensor& scales, at::IntArrayRef offsets, const at::Tensor& segments, int64_t layer) {
+  const int64_t n = static_cast<int64_t>(a.size());
+  TORCH_CHECK(y.dim() == 2 && x.dim() == 2 && y.stride(1) == 1 && x.stride(1) == 1,
+              "sgmv_group: y and x must be 2-D with contiguous rows");
+  TORCH_CHECK(y.scalar_type() == x.scalar_type(), "sgmv_group: y and x must share a dtype");
+  TORCH_CHECK(static_cast<int64_t>(b.size()) == n && static_cast<int64_t>(offsets.size()) == n,
+              "sgmv_group: one b and one offset per a");
+  TORCH_CHECK(ranks.scalar_type() == at::kLong && ranks.is_contiguous() && ranks.dim() == 2 && ranks.size(0) == n,
+              "sgmv_group: ranks must be contiguous int64 [M, S]");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.sizes() == ranks.sizes(),
+              "sgmv_group: scales must be contiguous float32 [M, S]");
+  TORCH_CHECK(segments.scalar_type() == at::kLong && segments.is_contiguous() && segments.dim() == 2 &&
+                  segments.size(1) == 3,
+              "sgmv_group: segments must be contiguous int64 [N, 3]");
+  const int64_t slots = ranks.size(1);
+  const int64_t* rk = ranks.data_ptr<int64_t>();
+  std::vector<Module> mods;
+  for (int64_t m = 0; m < n; ++m) {
+    const at::Tensor &am = a[m], &bm = b[m];
+    TORCH_CHECK(am.dim() == 4 && bm.dim() == 4 && am.scalar_type() == x.scalar_type() &&
+                    bm.scalar_type() == x.scalar_type(),
+                "sgmv_group: a and b must be [L, S, R, in] / [L, S, O, R] in x's dtype");
+    TORCH_CHECK(am.size(3) == x.size(1) && am.stride(3) == 1 && am.stride(2) == am.size(3),
+                "sgmv_group: a's rows must be contiguous and as long as x's");
+    TORCH_CHECK(am.size(1) == slots && bm.size(1) == slots && bm.size(3) == am.size(2),
+                "sgmv_group: a, b and the slot tables must agree on slots and rank");
+    TORCH_CHECK(layer >= 0 && layer < am.size(0) && layer < bm.size(0), "sgmv_group: layer out of range");
+    TORCH_CHECK(offsets[m] >= 0 && offsets[m] + bm.size(2) <= y.size(1), "sgmv_group: output slice out of y");
+    for (int64_t s = 0; s < slots; ++s)
+      TORCH_CHECK(rk[m * slots + s] >= 0 && rk[m * slots + s] <= am.size(2), "sgmv_group: rank out of range");
+    const int64_t esize = static_cast<int64_t>(x.element_size());
+    mods.push_back({static_cast<const char*>(am.data_ptr()) + layer * am.stride(0) * esize, am.stride(1),
+                    am.stride(2), static_cast<const char*>(bm.data_ptr()) + layer * bm.stride(0) * esize,
+                    bm.stride(1), bm.stride(2), bm.stride(3), bm.size(2), offsets[m]});
+  }
+  std::vector<Tile> work;
+  const int64_t* seg = segments.data_ptr<int64_t>();
+  for (int64_t i = 0; i < segments.size(0); ++i) {
+    const int64_t start = seg[3 * i], end = seg[3 * i + 1], slot = seg[3 * i + 2];
+    TORCH_CHECK(start >= 0 && end <= x.size(0) && end <= y.size(0) && slot < slots, "sgmv_group: bad segment");
+    if (slot < 0) continue;
+    bool used = false;
+    for (int64_t m = 0; m < n; ++m) used = used || rk[m * slots + slot] > 0;
+    if (!used) continue;
+    for (int64_t t = start; t < end; t += TILE) work.push_back({t, slot, std::min(TILE, end - t)});
+  }
+  const float* sc = scales.data_ptr<float>();
+  switch (x.scalar_type()) {
+    case at::kFloat: group<float>(y, x, mods, rk, sc, slots, work); break;
+    case at::kBFloat16: group<at::BFloat16>(y, x, mods, rk, sc, slots, work); break;
+    case at::kHalf: group<at::Half>(y, x, mods, rk, sc, slots, work); break;
+    default: TORCH_CHECK(false, "sgmv_group: unsupported dtype ", x.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
+  m.def("sgmv_group(Tensor(a!) y, Tensor x, Tensor[] a, Tensor[] b, Tensor ranks, Tensor scales, int[] offsets, "
+        "Tensor segments, int layer) -> ()");
+  m.impl("sgmv_group", c10::DispatchKey::CPU, &sgmv_group);
+}
