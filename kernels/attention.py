@@ -5,7 +5,7 @@ KV cache layout: `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, f
 slot is `block_id * block_size + offset`. The backend follows the tensors' device (see `kernels.backend`):
 the Triton kernels of `kernels.attention_decode_triton` and `kernels.attention_prefill_triton` on CUDA; on
 a CPU the native decode kernel (`kernels.attention_native`) where it builds, and `kernels.attention_torch`
-for the rest. The KV write is one `index_copy_` on either device.
+for the rest. The KV write is one `index_copy_` per tensor, or one native call on a CPU.
 
 Sliding-window attention (Mistral, windowed Qwen2 layers) is the same causal attention with the keys
 more than `sliding_window - 1` positions behind the query masked out: the query at position `p` sees keys
@@ -43,7 +43,12 @@ def write_kv(
         v: Shape `[T, KVH, D]`. New values.
         slot_mapping: Shape `[T]`, int64. Flat cache slot of each token.
     """
-    write_kv_torch(k_cache, v_cache, k, v, slot_mapping)
+    if use_native(k) and k_cache.is_contiguous() and v_cache.is_contiguous():
+        from kernels.attention_native import write_kv_native
+
+        write_kv_native(k_cache, v_cache, k, v, slot_mapping)
+    else:
+        write_kv_torch(k_cache, v_cache, k, v, slot_mapping)
 
 
 def paged_attention_decode(

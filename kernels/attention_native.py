@@ -1,6 +1,7 @@
-"""The native CPU path of paged decode attention (`kernels/csrc/paged_decode_cpu.cpp`): one call per layer
-for the whole decode batch, K/V read in place from the paged cache. Same semantics as
-`kernels.attention.paged_attention_decode`; accumulation in fp32 whatever the storage dtype."""
+"""The native CPU path of paged decode attention and the KV write (`kernels/csrc/paged_decode_cpu.cpp`):
+one call per layer for the whole decode batch, K/V read in place from the paged cache, q read in place
+from the fused qkv rows. Same semantics as `kernels.attention.paged_attention_decode` / `write_kv`;
+accumulation in fp32 whatever the storage dtype."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def paged_attention_decode_native(
     target = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
     torch.ops.loragate_cpu.paged_decode(
         target,
-        q.contiguous(),
+        q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous(),
         k_cache.contiguous(),
         v_cache.contiguous(),
         meta.block_tables.contiguous(),
@@ -34,3 +35,14 @@ def paged_attention_decode_native(
     )
     if target is not out:
         out.copy_(target)
+
+
+def write_kv_native(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """One copy per token straight from the fused qkv rows (no `index_copy_` dispatch per tensor)."""
+
+    def rows(x: torch.Tensor) -> torch.Tensor:
+        return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+    torch.ops.loragate_cpu.write_kv(k_cache, v_cache, rows(k), rows(v), slot_mapping.contiguous())

@@ -2,7 +2,9 @@
 // 5-8 torch ops (and their temporaries) it replaces. Rows are split over torch's thread pool. Each
 // matches the Hugging Face Llama computation in its rounding points: RMSNorm in fp32, the normalized
 // row rounded to the storage dtype before the weight multiplies it; rotate-half RoPE with the fp32
-// tables rounded to the storage dtype; SiLU rounded before it multiplies `up`.
+// tables rounded to the storage dtype; SiLU rounded before it multiplies `up`. SiLU's exp is the one torch's
+// own CPU kernel calls (SLEEF's 1-ULP vector exp, exported by libtorch) where this CPU has the vector
+// width torch uses (AVX-512 or AVX2), so fp32 SiLU is bit-identical to torch's.
 // Built without floating-point contraction: a fused multiply-add would round differently from torch's
 // separate multiply and add, and the fp32 engine must match transformers token for token.
 #pragma GCC optimize("fp-contract=off")
@@ -11,12 +13,44 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <vector>
+
+#include "convert.h"
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+extern "C" {
+__m512 Sleef_expf16_u10(__m512);
+__m256 Sleef_expf8_u10(__m256);
+}
+#endif
 
 namespace {
 
 template <typename T>
 inline T round_to(float v) {
-  return static_cast<T>(v);
+  return loragate::from_float<T>(v);
+}
+
+// act[i] = g[i] / (1 + exp(-g[i])), as torch's vectorized SiLU computes it (scalar tail: std::exp, as its).
+inline void silu_floats(float* act, const float* g, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(sign, x));
+    _mm512_storeu_ps(act + i, _mm512_div_ps(x, _mm512_add_ps(one, e)));
+  }
+#elif defined(__AVX2__)
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 e = Sleef_expf8_u10(_mm256_xor_ps(sign, x));
+    _mm256_storeu_ps(act + i, _mm256_div_ps(x, _mm256_add_ps(one, e)));
+  }
+#endif
+  for (; i < n; ++i) act[i] = g[i] / (1.f + std::exp(-g[i]));
 }
 
 // out[t] = w * (h[t] * rsqrt(mean(h[t]^2) + eps)), after h[t] += delta[t] when `delta` is given.
@@ -104,15 +138,17 @@ void rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::
 template <typename T>
 void silu_mul_rows(T* out, const T* gu, int64_t rows, int64_t n, int64_t ldo, int64_t ldg) {
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> gf(n), act(n);
     for (int64_t t = begin; t < end; ++t) {
       const T* g = gu + t * ldg;
       const T* u = g + n;
       T* o = out + t * ldo;
+      loragate::to_float(gf.data(), g, n);
+      silu_floats(act.data(), gf.data(), n);
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) {
-        const float gv = static_cast<float>(g[i]);
-        const T act = round_to<T>(gv / (1.f + std::exp(-gv)));
-        o[i] = round_to<T>(static_cast<float>(act) * static_cast<float>(u[i]));
+        const float a = static_cast<float>(round_to<T>(act[i]));
+        o[i] = round_to<T>(a * static_cast<float>(u[i]));
       }
     }
   });

@@ -1,4 +1,4 @@
-// Paged decode attention for CPUs: one call per layer for the whole decode batch.
+// Paged decode attention for CPUs: one call per layer for the whole decode batch; and the KV write.
 //
 // Each (sequence, KV head) pair is one task (at::parallel_for, torch's own thread pool). A task reads its
 // sequence's keys once, position by position along the block table, scoring all G query heads of its
@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -43,6 +44,7 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
   const int64_t dim = DIM > 0 ? DIM : q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t group = heads / kv_heads, width = block_tables.size(1);
+  const int64_t ldq = q.stride(0);  // q's rows may be slices of the fused qkv rows
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
@@ -59,7 +61,7 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       const int64_t lo = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
       const int64_t n = ctx - lo;
       const int64_t* table = tables + b * width;
-      load_row(qf.data(), qp + b * heads * dim, heads * dim);
+      load_row(qf.data(), qp + b * ldq, heads * dim);
       for (int64_t i = 0; i < heads * dim; ++i) qf[i] *= fscale;
       scores.resize(heads * n);  // [heads][n]
       std::fill(maxes.begin(), maxes.end(), -std::numeric_limits<float>::infinity());
@@ -133,8 +135,10 @@ void decode_any_dim(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
 
 void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
-  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "paged_decode: tensors must be contiguous");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "paged_decode: q must be [B, H, D] with each row's heads contiguous");
+  TORCH_CHECK(out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "paged_decode: out and the caches must be contiguous");
   TORCH_CHECK(block_tables.is_contiguous() && context_lens.is_contiguous(), "paged_decode: metadata must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "paged_decode: metadata must be int64");
@@ -148,10 +152,47 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache
   }
 }
 
+// k_cache.view(-1, KVH, D)[slots[t]] = k[t], v_cache likewise: one token's KVH * D values at a time.
+template <typename T>
+void write_rows(T* kc, T* vc, const T* k, const T* v, const int64_t* slots, int64_t tokens, int64_t width,
+                int64_t ldk, int64_t ldv) {
+  at::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      std::memcpy(kc + slots[t] * width, k + t * ldk, width * sizeof(T));
+      std::memcpy(vc + slots[t] * width, v + t * ldv, width * sizeof(T));
+    }
+  });
+}
+
+void write_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slots) {
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
+                  k_cache.sizes() == v_cache.sizes(),
+              "write_kv: the caches must be contiguous [NB, BS, KVH, D]");
+  const int64_t kvh = k_cache.size(2), dim = k_cache.size(3), capacity = k_cache.size(0) * k_cache.size(1);
+  for (const at::Tensor* x : {&k, &v}) {
+    TORCH_CHECK(x->dim() == 3 && x->size(1) == kvh && x->size(2) == dim && x->stride(2) == 1 &&
+                    x->stride(1) == dim && x->size(0) == slots.size(0),
+                "write_kv: k and v must be [T, KVH, D] with each token's values contiguous");
+    TORCH_CHECK(x->scalar_type() == k_cache.scalar_type(), "write_kv: k, v and the caches must share a dtype");
+  }
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 1,
+              "write_kv: slot_mapping must be contiguous int64 [T]");
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < slots.size(0); ++t)
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < capacity, "write_kv: slot ", sp[t], " outside the cache");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "write_kv", [&] {
+    write_rows<scalar_t>(k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+                         v.data_ptr<scalar_t>(), sp, slots.size(0), kvh * dim, k.stride(0), v.stride(0));
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(loragate_cpu, m) {
   m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale, int window) -> ()");
+  m.def("write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()");
   m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
+  m.impl("write_kv", c10::DispatchKey::CPU, &write_kv);
 }

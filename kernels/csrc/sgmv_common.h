@@ -1,9 +1,11 @@
-// Helpers shared by the CPU SGMV kernels (`sgmv_cpu.cpp`, `sgmv_group_cpu.cpp`): bf16 rounding, dot
+// Helpers shared by the CPU SGMV kernels (`sgmv_cpu.cpp`, `sgmv_group_cpu.cpp`): dot
 // products of a weight row with a tile of token rows, and the expand of one tile into its outputs.
 // Accumulation is fp32 whatever the storage dtype.
 #pragma once
 
 #include <ATen/ATen.h>
+
+#include "convert.h"
 
 #include <cstdint>
 #include <cstring>
@@ -11,27 +13,10 @@
 
 namespace loragate_sgmv {
 
+using loragate::from_float;
+using loragate::to_float;
+
 constexpr int64_t TILE = 4;
-
-// float -> T. For bf16, round to nearest even on the bits (what c10 does for every non-NaN value), written
-// so that the compiler vectorizes it: c10's conversion tests for NaN first and stays scalar.
-template <typename T>
-inline T from_float(float v) {
-  return static_cast<T>(v);
-}
-template <>
-inline at::BFloat16 from_float<at::BFloat16>(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return at::BFloat16(static_cast<uint16_t>(bits >> 16), at::BFloat16::from_bits());
-}
-
-template <typename T>
-inline void to_float(float* dst, const T* src, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
 
 // Dot products of one weight row with TILE token rows, the row read once for all of them.
 template <typename T, typename X>

@@ -77,6 +77,19 @@ def test_decode_matches_reference(
     assert rel_err(out, ref) < TOLERANCE[dtype]
 
 
+def test_decode_reads_queries_sliced_from_fused_qkv_rows(cpu_backend: str) -> None:
+    """q as the model passes it: the first heads of each fused qkv row (not contiguous)."""
+    gen = torch.Generator().manual_seed(21)
+    ctx_lens = [3, 17, 40]
+    kv = paged_kv(ctx_lens, 16, 2, 32, torch.float32, gen)
+    qkv = torch.randn(len(ctx_lens), (8 + 2 * 2) * 32, generator=gen)
+    q = qkv[:, : 8 * 32].view(len(ctx_lens), 8, 32)
+    assert not q.is_contiguous()
+    out = torch.full_like(q, float("nan"))
+    paged_attention_decode(out, q, kv.k, kv.v, decode_meta(kv, ctx_lens), scale=0.2)
+    assert rel_err(out, decode_reference(q, kv, ctx_lens, 0.2)) < TOLERANCE[torch.float32]
+
+
 def test_decode_splits_a_large_batch_into_length_sorted_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels.attention_torch, "DECODE_GROUP_BYTES", 8 * 1024)
     gen = torch.Generator().manual_seed(3)
@@ -184,19 +197,33 @@ def test_a_window_below_one_token_is_rejected() -> None:
         paged_attention_decode(q.clone(), q, cache, cache, meta, scale=1.0, sliding_window=0)
 
 
-def test_write_kv_stores_each_token_at_its_slot() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_write_kv_stores_each_token_at_its_slot(dtype: torch.dtype, cpu_backend: str) -> None:
+    """K and V read as slices of fused qkv rows (what the model passes), stored at their slots only."""
     gen = torch.Generator().manual_seed(0)
-    k_cache = torch.zeros(4, 8, 2, 16)
-    v_cache = torch.zeros(4, 8, 2, 16)
-    k, v = torch.randn(3, 2, 16, generator=gen), torch.randn(3, 2, 16, generator=gen)
+    k_cache = torch.zeros(4, 8, 2, 16, dtype=dtype)
+    v_cache = torch.zeros(4, 8, 2, 16, dtype=dtype)
+    qkv = torch.randn(3, 4 * 16 + 2 * 2 * 16, generator=gen).to(dtype)
+    k = qkv[:, 64:96].reshape(3, 2, 16)
+    v = qkv[:, 96:].reshape(3, 2, 16)
+    assert not k.is_contiguous()
     write_kv(k_cache, v_cache, k, v, torch.tensor([0, 13, 31]))
     assert (
         torch.equal(k_cache[0, 0], k[0])
         and torch.equal(k_cache[1, 5], k[1])
         and torch.equal(k_cache[3, 7], k[2])
     )
-    assert torch.equal(v_cache[1, 5], v[1])
+    assert torch.equal(v_cache[1, 5], v[1]) and torch.equal(v_cache[3, 7], v[2])
     assert int((k_cache != 0).any(-1).any(-1).sum()) == 3
+    assert int((v_cache != 0).any(-1).any(-1).sum()) == 3
+
+
+def test_write_kv_refuses_a_slot_outside_the_cache(cpu_backend: str) -> None:
+    cache = torch.zeros(2, 4, 1, 8)
+    k = torch.ones(1, 1, 8)
+    with pytest.raises((RuntimeError, IndexError)):
+        write_kv(cache, cache.clone(), k, k, torch.tensor([8]))
+    assert not cache.any()
 
 
 @pytest.mark.parametrize("window", [None, 5], ids=["full", "window 5"])

@@ -3,6 +3,8 @@ which compute what Hugging Face Llama computes (the engine's token-for-token ref
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -69,6 +71,31 @@ def test_silu_mul_matches_torch(dtype: torch.dtype, monkeypatch: pytest.MonkeyPa
     expect = torch.nn.functional.silu(gate) * up
     native(monkeypatch)
     assert close(silu_mul(gate_up), expect, dtype)
+
+
+def same_vector_exp_as_torch() -> bool:
+    """Whether the native build calls the SLEEF exp torch's SiLU calls: torch dispatches to AVX-512 (or
+    AVX2) kernels, and the native build (-march=native) sees the same widest vector ISA."""
+    flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (capability == "AVX512" and " avx512f" in flags) or (
+        capability == "AVX2" and " avx512f" not in flags
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silu_mul_is_bit_identical_to_torch_on_its_vector_path(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp32 SiLU equals torch's bit for bit (its exp, its formula); in 16-bit, after the same rounding
+    points, too (bf16 stores round the fp32 results the same way)."""
+    if not same_vector_exp_as_torch():
+        pytest.skip("torch's SiLU runs another exp on this CPU")
+    gen = torch.Generator().manual_seed(8)
+    gate_up = (torch.randn(37, 2 * 1536, generator=gen) * 6).to(dtype)
+    gate, up = gate_up.split(1536, dim=-1)
+    native(monkeypatch)
+    assert torch.equal(silu_mul(gate_up), torch.nn.functional.silu(gate) * up)
 
 
 def test_the_torch_fallbacks_compute_the_same(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,32 @@
+// Conversions between the storage dtypes (fp32, bf16, fp16) and fp32, written so that the compiler
+// vectorizes them (shared by every native CPU kernel).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace loragate {
+
+// float -> T. For bf16, round to nearest even on the bits (what c10 does for every non-NaN value), written
+// so that the compiler vectorizes it: c10's conversion tests for NaN first and stays scalar.
+template <typename T>
+inline T from_float(float v) {
+  return static_cast<T>(v);
+}
+template <>
+inline at::BFloat16 from_float<at::BFloat16>(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return at::BFloat16(static_cast<uint16_t>(bits >> 16), at::BFloat16::from_bits());
+}
+
+template <typename T>
+inline void to_float(float* dst, const T* src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+}  // namespace loragate
