@@ -16,41 +16,13 @@
 #include <vector>
 
 #include "convert.h"
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-extern "C" {
-__m512 Sleef_expf16_u10(__m512);
-__m256 Sleef_expf8_u10(__m256);
-}
-#endif
+#include "vecmath.h"
 
 namespace {
 
 template <typename T>
 inline T round_to(float v) {
   return loragate::from_float<T>(v);
-}
-
-// act[i] = g[i] / (1 + exp(-g[i])), as torch's vectorized SiLU computes it (scalar tail: std::exp, as its).
-inline void silu_floats(float* act, const float* g, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(g + i);
-    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(sign, x));
-    _mm512_storeu_ps(act + i, _mm512_div_ps(x, _mm512_add_ps(one, e)));
-  }
-#elif defined(__AVX2__)
-  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(g + i);
-    const __m256 e = Sleef_expf8_u10(_mm256_xor_ps(sign, x));
-    _mm256_storeu_ps(act + i, _mm256_div_ps(x, _mm256_add_ps(one, e)));
-  }
-#endif
-  for (; i < n; ++i) act[i] = g[i] / (1.f + std::exp(-g[i]));
 }
 
 // out[t] = w * (h[t] * rsqrt(mean(h[t]^2) + eps)), after h[t] += delta[t] when `delta` is given.
@@ -144,7 +116,7 @@ void silu_mul_rows(T* out, const T* gu, int64_t rows, int64_t n, int64_t ldo, in
       const T* u = g + n;
       T* o = out + t * ldo;
       loragate::to_float(gf.data(), g, n);
-      silu_floats(act.data(), gf.data(), n);
+      loragate::silu_floats(act.data(), gf.data(), n);
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) {
         const float a = static_cast<float>(round_to<T>(act[i]));

@@ -15,12 +15,14 @@
 #include <limits>
 #include <vector>
 
+#include "convert.h"
+#include "vecmath.h"
+
 namespace {
 
 template <typename T>
 inline void load_row(float* dst, const T* src, int64_t n) {
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+  loragate::to_float(dst, src, n);
 }
 
 // A row of the cache as fp32: the row itself for fp32 storage, else converted into `buffer`.
@@ -84,16 +86,14 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
         }
         p += count;
       }
-      // Softmax numerators and denominators, per query head.
+      // Softmax numerators and denominators, per query head (one vector exp per head).
       for (int64_t hq = 0; hq < heads; ++hq) {
         float* sh = scores.data() + hq * n;
         const float m = maxes[hq];
+        loragate::exp_shifted(sh, n, m);
         float total = 0.f;
 #pragma omp simd reduction(+ : total)
-        for (int64_t i = 0; i < n; ++i) {
-          sh[i] = std::exp(sh[i] - m);
-          total += sh[i];
-        }
+        for (int64_t i = 0; i < n; ++i) total += sh[i];
         sums[hq] = total;
       }
       // Pass 2: the weighted sum of values.
