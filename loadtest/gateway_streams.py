@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm import tqdm
 
@@ -38,6 +39,16 @@ async def read_chunked(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
         await reader.readexactly(2)
 
 
+async def sse_chunks(reader: asyncio.StreamReader) -> AsyncIterator[list[dict[str, Any] | None]]:
+    """Per body chunk of a chunked server-sent-events response, the `data:` events it completes: each a
+    JSON object, or None for `[DONE]` (an event split across chunks comes with the chunk that ends it)."""
+    buffer = b""
+    async for chunk in read_chunked(reader):
+        buffer += chunk
+        *events, buffer = buffer.split(b"\n\n")
+        yield [None if e == b"data: [DONE]" else json.loads(e[6:]) for e in events if e.startswith(b"data: ")]
+
+
 async def one_stream(
     port: int, request: bytes, tokens: int, delay_s: float, tally: StreamTally, bar: tqdm
 ) -> None:
@@ -59,17 +70,12 @@ async def one_stream(
         opened = True
         tally.open_now += 1
         tally.peak_open = max(tally.peak_open, tally.open_now)
-        got, usage, done, buffer = 0, None, False, b""
-        async for chunk in read_chunked(reader):
-            buffer += chunk
-            *events, buffer = buffer.split(b"\n\n")
-            for event in events:
-                if not event.startswith(b"data: "):
-                    continue
-                if event == b"data: [DONE]":
+        got, usage, done = 0, None, False
+        async for events in sse_chunks(reader):
+            for body in events:
+                if body is None:
                     done = True
                     continue
-                body = json.loads(event[6:])
                 if "error" in body:
                     tally.errors[f"stream error: {body['error'].get('code')}"] += 1
                     return

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from loadtest.gateway_streams import read_chunked
+from loadtest.gateway_streams import sse_chunks
 
 
 @dataclass
@@ -59,24 +59,21 @@ def _headers(head: bytes) -> dict[str, str]:
 
 
 async def _stream(reader: asyncio.StreamReader, result: Result, tokens: int) -> None:
-    usage, done, buffer = None, False, b""
-    async for chunk in read_chunked(reader):
-        buffer += chunk
-        *events, buffer = buffer.split(b"\n\n")
-        for event in events:
-            if event == b"data: [DONE]":
+    usage, done = None, False
+    async for events in sse_chunks(reader):
+        for body in events:
+            if body is None:
                 done = True
-            elif event.startswith(b"data: "):
-                body = json.loads(event[6:])
-                if "error" in body:
-                    result.error = f"stream error {body['error'].get('code')}"
-                    return
-                if body.get("usage"):
-                    usage = body["usage"]["completion_tokens"]
-                elif body["choices"][0]["text"]:
-                    if result.ttft_s is None:
-                        result.ttft_s = time.monotonic() - result.sent_at
-                    result.tokens += 1
+                continue
+            if "error" in body:
+                result.error = f"stream error {body['error'].get('code')}"
+                return
+            if body.get("usage"):
+                usage = body["usage"]["completion_tokens"]
+            elif body["choices"][0]["text"]:
+                if result.ttft_s is None:
+                    result.ttft_s = time.monotonic() - result.sent_at
+                result.tokens += 1
     # A real model's token can be an empty text chunk (part of a character): the usage chunk counts.
     result.ok = result.ttft_s is not None and usage == tokens and done
     if not result.ok:

@@ -26,7 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loadtest.gateway_streams import read_chunked
+from loadtest.gateway_streams import sse_chunks
 from loadtest.procs import ms, pct
 from loragate.types import Request
 
@@ -96,23 +96,20 @@ async def _attempt(
         if status != 200:
             stats.error = f"http {status}"
             return _retry_after(head) if status == 429 else None
-        last, done, buffer = start, False, b""
-        async for chunk in read_chunked(reader):
+        last, done = start, False
+        async for events in sse_chunks(reader):
             now = time.perf_counter()
-            buffer += chunk
-            *events, buffer = buffer.split(b"\n\n")
             texts = 0
-            for event in events:
-                if event == b"data: [DONE]":
+            for body in events:
+                if body is None:
                     done = True
-                elif event.startswith(b"data: "):
-                    body = json.loads(event[6:])
-                    if "error" in body:
-                        stats.error = f"stream error: {body['error'].get('code')}"
-                        return None
-                    if body.get("usage"):
-                        stats.tokens = int(body["usage"]["completion_tokens"])
-                    texts += sum(1 for c in body.get("choices", ()) if c.get("text"))
+                    continue
+                if "error" in body:
+                    stats.error = f"stream error: {body['error'].get('code')}"
+                    return None
+                if body.get("usage"):
+                    stats.tokens = int(body["usage"]["completion_tokens"])
+                texts += sum(1 for c in body.get("choices", ()) if c.get("text"))
             if texts and stats.ttft_s is None:
                 stats.ttft_s = now - start
             elif texts:
