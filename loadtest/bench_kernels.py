@@ -1,7 +1,8 @@
-"""Micro-benchmark of the kernels' CPU paths against the naive reference and the obvious alternative.
+"""Micro-benchmark of the kernels against the naive reference and the obvious alternative.
 
 Each case times the public kernel (`--backend torch`: the torch paths; `native`: the C++ kernels of
-`kernels.native`, where they exist, prefill attention staying on torch) on a realistic step, the
+`kernels.native`, where they exist, prefill attention staying on torch; `triton`: the Triton kernels,
+compiled, on a CUDA device, with the dense linears on cuBLAS) on a realistic step, the
 per-token float64 reference of `kernels.reference` ("naive"), and the other batched formulation ("alt"):
 gather-bmm for LoRA (each token's adapter weights gathered, one batched matmul), one padded gather
 plus torch's masked SDPA for attention (the kernels' previous CPU path), and plain `F.linear` (MKL) for
@@ -10,7 +11,11 @@ Kernel outputs are checked against the reference before timing. Shapes: hidden 5
 and 2048, 64–256 tokens, 16 adapters of ranks 8–64 with Zipf popularity and base-model tokens, 8 query /
 2 KV heads; SmolLM2's projections and LM head for the linears.
 
-    python -m loadtest.bench_kernels [--threads 1] [--repeats 15] [--quick] [--backend torch|native]
+    python -m loadtest.bench_kernels [--threads 1] [--repeats 15] [--quick] [--backend torch|native|triton]
+        [--device cuda[:N]]
+
+Inputs are drawn on the CPU (the same numbers on any device) and moved to the device; on CUDA every timed
+call is followed by a synchronize, so a figure is the call's launch plus its run.
 
 The last line printed is one JSON object: per case the median times (ms) and the speed-ups.
 """
@@ -38,10 +43,11 @@ from kernels import (
     sgmv_expand,
     sgmv_shrink,
 )
-from kernels.backend import BACKEND_ENV
+from kernels.backend import BACKEND_ENV, triton_interpreting
 from kernels.reference import attention_ref, gather_context, sgmv_expand_ref, sgmv_shrink_ref
 
 RANKS = (8, 16, 32, 64)
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -70,17 +76,26 @@ class Timing:
         }
 
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
+def median_ms(fn: Callable[[], object], repeats: int, dev: torch.device = CPU) -> float:
+    """The median wall time of `fn` (ms), synchronized on a CUDA device."""
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
     fn()
+    sync()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2] * 1e3
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.cpu(), ref.cpu()
     return float((out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
@@ -94,7 +109,9 @@ def zipf_slots(
     return sorted(int(d) if d < num_adapters else -1 for d in draws)
 
 
-def lora_case(name: str, tokens: int, hidden: int, out: int, dtype: torch.dtype, repeats: int) -> Timing:
+def lora_case(
+    name: str, tokens: int, hidden: int, out: int, dtype: torch.dtype, repeats: int, dev: torch.device
+) -> Timing:
     """One adapted projection: shrink then expand, into a column slice of a fused output."""
     gen = torch.Generator().manual_seed(tokens + hidden)
     slots_n, rank = 16, max(RANKS)
@@ -108,13 +125,14 @@ def lora_case(name: str, tokens: int, hidden: int, out: int, dtype: torch.dtype,
         b[0, s, :, r:] = 0
     scale = torch.rand(slots_n, generator=gen) + 0.5
     y0 = torch.randn(tokens, 2 * out, generator=gen).to(dtype)
-    meta = LoRABatchMeta.from_token_slots(slots)
-    token_slots = torch.tensor(slots)
+    meta = LoRABatchMeta.from_token_slots(slots, dev)
+    token_slots = torch.tensor(slots, device=dev)
+    xd, ad, bd, scale_d, y0d, ranks_d = (t.to(dev) for t in (x, a, b, scale, y0, ranks))
 
     def kernel() -> torch.Tensor:
-        y, v = y0.clone(), x.new_zeros(tokens, rank)
-        sgmv_shrink(v, x, a, meta, layer=0, scale=scale, ranks=ranks)
-        sgmv_expand(y, v, b, meta, layer=0, y_offset=out, ranks=ranks)
+        y, v = y0d.clone(), xd.new_zeros(tokens, rank)
+        sgmv_shrink(v, xd, ad, meta, layer=0, scale=scale_d, ranks=ranks_d)
+        sgmv_expand(y, v, bd, meta, layer=0, y_offset=out, ranks=ranks_d)
         return y
 
     def naive() -> torch.Tensor:
@@ -124,35 +142,39 @@ def lora_case(name: str, tokens: int, hidden: int, out: int, dtype: torch.dtype,
     def gather_bmm() -> torch.Tensor:
         idx = token_slots.clamp_min(0)
         keep = (token_slots >= 0).to(dtype)[:, None]
-        v = torch.bmm(a[0].index_select(0, idx), x[:, :, None])[:, :, 0] * (scale[idx, None] * keep).to(dtype)
-        y = y0.clone()
-        y[:, out:] += torch.bmm(b[0].index_select(0, idx), v[:, :, None])[:, :, 0]
+        v = torch.bmm(ad[0].index_select(0, idx), xd[:, :, None])[:, :, 0]
+        v = v * (scale_d[idx, None] * keep).to(dtype)
+        y = y0d.clone()
+        y[:, out:] += torch.bmm(bd[0].index_select(0, idx), v[:, :, None])[:, :, 0]
         return y
 
     err = rel_err(kernel(), naive())
     return Timing(
         name,
-        median_ms(kernel, repeats),
+        median_ms(kernel, repeats, dev),
         median_ms(naive, max(3, repeats // 5)),
-        median_ms(gather_bmm, max(3, repeats // 3)),
+        median_ms(gather_bmm, max(3, repeats // 3), dev),
         err,
     )
 
 
-def linear_case(name: str, rows: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> Timing:
+def linear_case(
+    name: str, rows: int, k: int, n: int, dtype: torch.dtype, repeats: int, dev: torch.device
+) -> Timing:
     """One dense projection of a decode step or a prefill chunk, bias-free (SmolLM2's shapes)."""
     gen = torch.Generator().manual_seed(rows + n)
     x = torch.randn(rows, k, generator=gen).to(dtype)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
-    packed = pack_linear_weight(w)
+    xd, wd = x.to(dev), w.to(dev)
+    packed = pack_linear_weight(wd)
     wide = w.double()
 
-    err = rel_err(linear(x, packed), F.linear(x.double(), wide))
+    err = rel_err(linear(xd, packed), F.linear(x.double(), wide))
     return Timing(
         name,
-        median_ms(lambda: linear(x, packed), repeats),
+        median_ms(lambda: linear(xd, packed), repeats, dev),
         median_ms(lambda: F.linear(x.double(), wide), max(3, repeats // 5)),
-        median_ms(lambda: F.linear(x, w), repeats),
+        median_ms(lambda: F.linear(xd, wd), repeats, dev),
         err,
     )
 
@@ -194,7 +216,9 @@ def padded_sdpa_decode(
     out.copy_(o.reshape(batch, heads, hd))
 
 
-def decode_case(name: str, batch: int, max_ctx: int, dtype: torch.dtype, repeats: int) -> Timing:
+def decode_case(
+    name: str, batch: int, max_ctx: int, dtype: torch.dtype, repeats: int, dev: torch.device
+) -> Timing:
     gen = torch.Generator().manual_seed(batch + max_ctx)
     heads, kvh, hd = 8, 2, 64
     lens = torch.randint(1, max_ctx + 1, (batch,), generator=gen)
@@ -210,20 +234,21 @@ def decode_case(name: str, batch: int, max_ctx: int, dtype: torch.dtype, repeats
             rows.append(attention_ref(q[i : i + 1], k, v, [c - 1], scale))
         return torch.cat(rows)
 
-    meta = AttentionMeta(bt, lens)
-    paged_attention_decode(out, q, kc, vc, meta, scale=scale)
-    err = rel_err(out, naive())
+    qd, kd, vd, btd, lens_d, out_d = (t.to(dev) for t in (q, kc, vc, bt, lens, out))
+    meta = AttentionMeta(btd, lens_d)
+    paged_attention_decode(out_d, qd, kd, vd, meta, scale=scale)
+    err = rel_err(out_d, naive())
     return Timing(
         name,
-        median_ms(lambda: paged_attention_decode(out, q, kc, vc, meta, scale=scale), repeats),
+        median_ms(lambda: paged_attention_decode(out_d, qd, kd, vd, meta, scale=scale), repeats, dev),
         median_ms(naive, 3),
-        median_ms(lambda: padded_sdpa_decode(out, q, kc, vc, bt, lens), repeats),
+        median_ms(lambda: padded_sdpa_decode(out_d, qd, kd, vd, btd, lens_d), repeats, dev),
         err,
     )
 
 
 def prefill_case(
-    name: str, q_lens: list[int], prefixes: list[int], dtype: torch.dtype, repeats: int
+    name: str, q_lens: list[int], prefixes: list[int], dtype: torch.dtype, repeats: int, dev: torch.device
 ) -> Timing:
     gen = torch.Generator().manual_seed(sum(q_lens) + sum(prefixes))
     heads, kvh, hd = 8, 2, 64
@@ -241,29 +266,36 @@ def prefill_case(
             rows.append(attention_ref(q[qsl[i] : qsl[i + 1]], k, v, list(range(c - q_lens[i], c)), scale))
         return torch.cat(rows)
 
+    qd, kd, vd, btd, lens_d, qsl_d, out_d = (t.to(dev) for t in (q, kc, vc, bt, lens, qsl, out))
+    masks = [
+        (torch.arange(c)[None, :] <= torch.arange(c - q_lens[i], c)[:, None]).to(dev)
+        for i, c in enumerate(ctx)
+    ]
+
     def masked_sdpa() -> None:
         for i, c in enumerate(ctx):
-            k = gather_context(kc, tables[i], c).transpose(0, 1)
-            v = gather_context(vc, tables[i], c).transpose(0, 1)
-            mask = torch.arange(c)[None, :] <= torch.arange(c - q_lens[i], c)[:, None]
-            qi = q[qsl[i] : qsl[i + 1]].transpose(0, 1)
-            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-            out[qsl[i] : qsl[i + 1]] = o.transpose(0, 1)
+            k = gather_context(kd, tables[i], c).transpose(0, 1)
+            v = gather_context(vd, tables[i], c).transpose(0, 1)
+            qi = qd[qsl[i] : qsl[i + 1]].transpose(0, 1)
+            o = F.scaled_dot_product_attention(qi, k, v, attn_mask=masks[i], scale=scale, enable_gqa=True)
+            out_d[qsl[i] : qsl[i + 1]] = o.transpose(0, 1)
 
-    meta = AttentionMeta(bt, lens, query_start_loc=qsl)
-    paged_attention_prefill(out, q, kc, vc, meta, scale=scale)
-    err = rel_err(out, naive())
+    meta = AttentionMeta(btd, lens_d, query_start_loc=qsl_d)
+    paged_attention_prefill(out_d, qd, kd, vd, meta, scale=scale)
+    err = rel_err(out_d, naive())
     return Timing(
         name,
-        median_ms(lambda: paged_attention_prefill(out, q, kc, vc, meta, scale=scale), repeats),
+        median_ms(lambda: paged_attention_prefill(out_d, qd, kd, vd, meta, scale=scale), repeats, dev),
         median_ms(naive, 1),
-        median_ms(masked_sdpa, repeats),
+        median_ms(masked_sdpa, repeats, dev),
         err,
     )
 
 
-def run_cases(repeats: int, quick: bool) -> list[Timing]:
+def run_cases(repeats: int, quick: bool, dev: torch.device = CPU) -> list[Timing]:
+    """The cases; on a GPU also serving-sized ones (an 8B model's hidden size, 256-sequence batches)."""
     results = []
+    gpu = dev.type == "cuda"
     dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
     for dtype in dtypes:
         tag = "fp32" if dtype == torch.float32 else "bf16"
@@ -271,6 +303,14 @@ def run_cases(repeats: int, quick: bool) -> list[Timing]:
             ("sgmv decode T=64 H=512", 64, 512, 512),
             ("sgmv prefill T=256 H=512", 256, 512, 512),
             ("sgmv prefill T=256 H=2048", 256, 2048, 2048),
+            *(
+                [
+                    ("sgmv decode T=256 H=4096", 256, 4096, 4096),
+                    ("sgmv prefill T=2048 H=4096", 2048, 4096, 4096),
+                ]
+                if gpu
+                else []
+            ),
         ]
         dense = [
             ("linear decode T=48 576->3072", 48, 576, 3072),
@@ -279,16 +319,18 @@ def run_cases(repeats: int, quick: bool) -> list[Timing]:
             ("linear prefill T=512 1536->576", 512, 1536, 576),
         ]
         for name, rows, k, n in dense[: 2 if quick else None]:
-            results.append(linear_case(f"{name} {tag}", rows, k, n, dtype, repeats))
+            results.append(linear_case(f"{name} {tag}", rows, k, n, dtype, repeats, dev))
         for name, tokens, hidden, out in lora[: 2 if quick else None]:
-            results.append(lora_case(f"{name} {tag}", tokens, hidden, out, dtype, repeats))
-        results.append(decode_case(f"attn decode B=64 ctx<=512 {tag}", 64, 512, dtype, repeats))
-        if not quick:
-            results.append(decode_case(f"attn decode B=128 ctx<=1024 {tag}", 128, 1024, dtype, repeats))
-        prefill = [([256], [0]), ([128, 64, 64], [384, 0, 512])]
+            results.append(lora_case(f"{name} {tag}", tokens, hidden, out, dtype, repeats, dev))
+        decode = [(64, 512), (128, 1024), *([(256, 2048)] if gpu else [])]
+        for batch, ctx in decode[: 1 if quick else None]:
+            results.append(
+                decode_case(f"attn decode B={batch} ctx<={ctx} {tag}", batch, ctx, dtype, repeats, dev)
+            )
+        prefill = [([256], [0]), ([128, 64, 64], [384, 0, 512]), *([([1024, 512], [0, 1536])] if gpu else [])]
         for q_lens, prefixes in prefill[: 1 if quick else None]:
             label = f"attn prefill q={q_lens} prefix={prefixes} {tag}"
-            results.append(prefill_case(label, q_lens, prefixes, dtype, repeats))
+            results.append(prefill_case(label, q_lens, prefixes, dtype, repeats, dev))
     return results
 
 
@@ -303,16 +345,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fp32 and the smallest cases only")
     parser.add_argument(
         "--backend",
-        choices=("torch", "native"),
+        choices=("torch", "native", "triton"),
         default="torch",
-        help="the CPU path measured",
+        help="the path measured (triton: compiled, on --device)",
     )
+    parser.add_argument("--device", default=None, help="cuda[:N] for --backend triton (its default: cuda)")
     args = parser.parse_args(argv)
-    os.environ[BACKEND_ENV] = args.backend  # a CPU path is what this measures, whatever the caller's setting
+    dev = torch.device(args.device or ("cuda" if args.backend == "triton" else "cpu"))
+    on_gpu = dev.type == "cuda" and torch.cuda.is_available()
+    interpreted = dev.type == "cpu" and triton_interpreting()  # the interpreter: a check, not a timing
+    if args.backend == "triton" and not (on_gpu or interpreted):
+        parser.error("--backend triton runs on a CUDA device (or the CPU with TRITON_INTERPRET=1)")
+    if args.backend != "triton" and dev.type != "cpu":
+        parser.error(f"--backend {args.backend} is a CPU path; --device {args.device} needs --backend triton")
+    os.environ[BACKEND_ENV] = args.backend  # the path this measures, whatever the caller's setting
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with torch.inference_mode():
-        results = run_cases(args.repeats, args.quick)
+        results = run_cases(args.repeats, args.quick, dev)
     print(f"{'case':<52} {'kernel ms':>10} {'naive ms':>10} {'vs naive':>9} {'alt ms':>10} {'vs alt':>9}")
     for r in results:
         print(r.row())
@@ -320,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     alt = [r.alt_ms / r.kernel_ms for r in results]
     summary = {
         "backend": args.backend,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "threads": args.threads,
         "cases": {r.name: r.summary() for r in results},
         "geomean_speedup_vs_naive": round(math.exp(sum(map(math.log, speedups)) / len(speedups)), 2),

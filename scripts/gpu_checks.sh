@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The checks a machine with an NVIDIA GPU runs (CI has none; docs/BENCHMARKS.md "GPU" holds the figures):
+#   1. the Triton kernel tests, compiled, on CUDA tensors, against their float64 references;
+#   2. the kernel benchmark on the Triton backend (and the dense linears on cuBLAS);
+#   3. the whole engine on CUDA against transformers + peft on the same GPU (greedy tokens, throughput),
+#      fp32 and bf16, on the zoo's tiny and small models.
+# Every step has its own time limit and its log under $OUT (default ./gpu-out); a failing step does not
+# stop the others, and the script's exit status is the number of failed steps.
+#
+#     bash scripts/gpu_checks.sh [quick]        # quick: tiny only, fewer benchmark repeats
+#
+# Python packages: the GPU's own torch and triton; where a pinned pure-Python dependency is missing or
+# another version there, `pip install --target` it and put it on PYTHONPATH first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 LORAGATE_CACHE=${LORAGATE_CACHE:-/tmp/loragate-gpu-cache} TOKENIZERS_PARALLELISM=false
+mode=${1:-full}
+failed=0
+
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    local start=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n 30 "$OUT/$name.log"
+    echo "== $name rc=$rc in $((SECONDS - start))s"
+    [ "$rc" -eq 0 ] || failed=$((failed + 1))
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import sys, torch, triton, transformers, peft; print(sys.version.split()[0], 'torch', torch.__version__, \
+'triton', triton.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+step zoo 120 python3 -c "from worker.modelzoo.make import ensure_zoo; print(ensure_zoo().root)"
+# The Triton tests only (the CPU paths are CI's), in parallel workers: each compiles its own variants.
+workers=$(python3 -c "import importlib.util as u; print('-n 8' if u.find_spec('xdist') else '')")
+# shellcheck disable=SC2086
+step triton-tests 200 python3 -m pytest -q $workers --confcutdir=tests/kernels -W default -p no:cacheprovider \
+    tests/kernels -k "triton and not interpreter"
+repeats=20
+[ "$mode" = quick ] && repeats=5
+step bench-kernels 120 python3 -m loadtest.bench_kernels --backend triton --repeats $repeats
+models=(tiny small)
+[ "$mode" = quick ] && models=(tiny)
+for model in "${models[@]}"; do
+    for dtype in float32 bfloat16; do
+        step "engine-$model-$dtype" 120 python3 -m loadtest.bench_engine --model "$model" --device cuda \
+            --dtype "$dtype" --hf-batch-size 64
+    done
+done
+grep -h '^{' "$OUT"/bench-*.log "$OUT"/engine-*.log >"$OUT/results.jsonl" 2>/dev/null
+echo "failed steps: $failed"
+exit "$failed"
