@@ -103,7 +103,8 @@ def sgmv_group(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int
             v = zeros(T, R_p);  sgmv_shrink(v, x, p.a, p.meta, layer=layer, scale=p.scale, ranks=p.ranks)
             sgmv_expand(y, v, p.b, p.meta, layer=layer, y_offset=p.y_offset, ranks=p.ranks)
         (v rounded to x's dtype between the two, as there.) The native CPU kernel does it in one call,
-        v never leaving the thread; the other backends run exactly the loop above.
+        v never leaving the thread; the Triton one in two launches (all shrinks, then all expands); the
+        torch path runs exactly the loop above.
 
     Args:
         y: Shape `[T, H_out_total]`. The fused output, updated in place; rows contiguous.
@@ -112,7 +113,12 @@ def sgmv_group(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int
             scale and rank tables `[S]`, output offsets, and the step's segments.
         layer: Layer index into every projection's weights.
     """
-    if use_native(x) and not use_triton(x):
+    if use_triton(x):
+        from kernels.sgmv_group_triton import sgmv_group_triton
+
+        sgmv_group_triton(y, x, group, layer=layer)
+        return
+    if use_native(x):
         from kernels.sgmv_native import sgmv_group_native
 
         sgmv_group_native(y, x, group, layer=layer)

@@ -27,7 +27,7 @@ from kernels.triton_util import (
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_k"])
 def _shrink_kernel(
     out_ptr,
     x_ptr,
@@ -42,9 +42,9 @@ def _shrink_kernel(
     stride_xm,
     stride_ws,
     stride_wr,
+    split_k,
     HAS_RANKS: tl.constexpr,
     ATOMIC: tl.constexpr,
-    SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -56,8 +56,8 @@ def _shrink_kernel(
     start = tl.load(indptr_ptr + seg)
     end = tl.load(indptr_ptr + seg + 1)
     row0 = start + tl.program_id(0) * BLOCK_M
-    col0 = (tl.program_id(1) // SPLIT_K) * BLOCK_N
-    k_first = (tl.program_id(1) % SPLIT_K) * BLOCK_K
+    col0 = (tl.program_id(1) // split_k) * BLOCK_N
+    k_first = (tl.program_id(1) % split_k) * BLOCK_K
     rank = R
     if HAS_RANKS:
         rank = tl.load(rank_ptr + tl.maximum(slot, 0)).to(tl.int32)
@@ -71,7 +71,7 @@ def _shrink_kernel(
     x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]
     w_ptrs = w_ptr + slot * stride_ws + cols[None, :] * stride_wr + ks[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_first, H, SPLIT_K * BLOCK_K):
+    for k0 in range(k_first, H, split_k * BLOCK_K):
         k_ok = (k0 + ks) < H
         xt = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         wt = tl.load(w_ptrs + k0, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
@@ -192,9 +192,9 @@ def sgmv_shrink_triton(
         x.stride(0),
         weights.stride(0),
         weights.stride(1),
+        splits,  # a runtime argument: one compiled kernel serves every split
         HAS_RANKS=ranks is not None,
         ATOMIC=splits > 1,
-        SPLIT_K=splits,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,

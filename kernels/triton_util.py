@@ -35,6 +35,18 @@ def mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 `x` rounded to `DTYPE`. Under the interpreter (`UPCAST`, bf16 operands) a cast to bf16
+    truncates, so there the rounding to nearest-even is done on the bits and the value stays fp32, which
+    is what the upcast `mma` takes."""
+    if UPCAST:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return x.to(DTYPE)
+
+
 def dot_flags(dtype: torch.dtype) -> tuple[bool, str]:
     """`(UPCAST, PRECISION)` for `mma` on operands of `dtype`."""
     upcast = triton_interpreting() and dtype == torch.bfloat16

@@ -211,7 +211,7 @@ def padded_sdpa_decode(
     nb = -(-int(lens.max()) // bs)
     k = kc[bt[:, :nb]].view(batch, nb * bs, kvh, hd).transpose(1, 2)
     v = vc[bt[:, :nb]].view(batch, nb * bs, kvh, hd).transpose(1, 2)
-    mask = (torch.arange(nb * bs)[None, :] < lens[:, None])[:, None, None, :]
+    mask = (torch.arange(nb * bs, device=lens.device)[None, :] < lens[:, None])[:, None, None, :]
     o = F.scaled_dot_product_attention(q.view(batch, kvh, heads // kvh, hd), k, v, attn_mask=mask)
     out.copy_(o.reshape(batch, heads, hd))
 
@@ -293,8 +293,9 @@ def prefill_case(
 
 
 def run_cases(repeats: int, quick: bool, dev: torch.device = CPU) -> list[Timing]:
-    """The cases; on a GPU also serving-sized ones (an 8B model's hidden size, 256-sequence batches)."""
-    results = []
+    """The cases; on a GPU also serving-sized ones (an 8B model's hidden size, 256-sequence batches).
+    Each row is printed as its case finishes."""
+    results = Rows()
     gpu = dev.type == "cuda"
     dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
     for dtype in dtypes:
@@ -334,6 +335,19 @@ def run_cases(repeats: int, quick: bool, dev: torch.device = CPU) -> list[Timing
     return results
 
 
+class Rows(list[Timing]):
+    """The timings so far, each printed as it is added (a long run cut short still shows its rows)."""
+
+    def append(self, timing: Timing) -> None:
+        if not self:
+            print(HEADER, flush=True)
+        print(timing.row(), flush=True)
+        super().append(timing)
+
+
+HEADER = f"{'case':<52} {'kernel ms':>10} {'naive ms':>10} {'vs naive':>9} {'alt ms':>10} {'vs alt':>9}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -363,9 +377,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(0)
     with torch.inference_mode():
         results = run_cases(args.repeats, args.quick, dev)
-    print(f"{'case':<52} {'kernel ms':>10} {'naive ms':>10} {'vs naive':>9} {'alt ms':>10} {'vs alt':>9}")
-    for r in results:
-        print(r.row())
     speedups = [r.naive_ms / r.kernel_ms for r in results]
     alt = [r.alt_ms / r.kernel_ms for r in results]
     summary = {

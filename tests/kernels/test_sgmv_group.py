@@ -13,56 +13,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels import LoRABatchMeta, LoRAGroup, LoRAProjection, sgmv_expand, sgmv_group, sgmv_shrink
+from kernels import LoRAGroup, sgmv_expand, sgmv_group, sgmv_shrink
 from kernels.backend import BACKEND_ENV
-from kernels.reference import sgmv_expand_ref, sgmv_shrink_ref
-from tests.kernels.kernel_testing import POPULARITIES, TOLERANCE, lora_stack, rel_err, token_slots
+from tests.kernels.group_testing import LAYER, group_case, reference, untouched
+from tests.kernels.kernel_testing import POPULARITIES, TOLERANCE, rel_err
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-LAYER = 1
-# Per projection: output width and per-slot ranks (0: that slot's adapter leaves the projection alone).
-PROJECTIONS = ((48, [8, 16, 0, 4, 8]), (16, [8, 0, 0, 4, 16]), (16, [8, 16, 2, 0, 16]))
-
-
-def group_case(
-    popularity: str, dtype: torch.dtype, seed: int, *, transposed_b: bool = False, hidden: int = 40
-) -> tuple[list[int], torch.Tensor, torch.Tensor, LoRAGroup]:
-    """(token slots, x, poisoned y, group): three projections side by side from column 4 of y."""
-    gen = torch.Generator().manual_seed(seed)
-    seq_lens = torch.randint(1, 11, (9,), generator=gen).tolist()
-    slots = token_slots(popularity, seq_lens, len(PROJECTIONS[0][1]), gen, base_share=0.25)
-    meta = LoRABatchMeta.from_token_slots(slots)
-    projections, offset = [], 4
-    for out, ranks in PROJECTIONS:
-        stack = lora_stack(2, ranks, hidden, out, dtype, gen, max_rank=16, padding=float("nan"))
-        b = stack.b.transpose(2, 3).contiguous().transpose(2, 3) if transposed_b else stack.b
-        rank_t = torch.tensor(ranks, dtype=torch.int64)
-        module_meta = meta.for_module(ranks, stack.scale.tolist())
-        projections.append(LoRAProjection(stack.a, b, stack.scale, rank_t, offset, module_meta))
-        offset += out
-    x = torch.randn(len(slots), hidden, generator=gen).to(dtype)
-    y = torch.randn(len(slots), offset + 6, generator=gen).to(dtype)
-    return slots, x, y, LoRAGroup(tuple(projections), meta)
-
-
-def reference(slots: list[int], x: torch.Tensor, y: torch.Tensor, group: LoRAGroup) -> torch.Tensor:
-    """float64: each projection's shrink (rounded to x's dtype, as the kernels store v), then expand."""
-    out = y.double()
-    for p in group.projections:
-        ranks = p.ranks.tolist()
-        v = sgmv_shrink_ref(x, p.a, slots, LAYER, p.scale, ranks).to(x.dtype)
-        out = sgmv_expand_ref(out, v, p.b, slots, LAYER, p.y_offset, ranks)
-    return out
-
-
-def untouched(slots: list[int], y: torch.Tensor, group: LoRAGroup) -> torch.Tensor:
-    mask = torch.ones(y.shape, dtype=torch.bool)
-    for p in group.projections:
-        n = p.b.shape[2]
-        for t, s in enumerate(slots):
-            if s >= 0 and int(p.ranks[s]) > 0:
-                mask[t, p.y_offset : p.y_offset + n] = False
-    return mask
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

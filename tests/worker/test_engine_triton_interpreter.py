@@ -54,7 +54,7 @@ def test_engine_on_triton_kernels_matches_the_torch_kernels(
     assert got["triton_modules"] == [
         "kernels.attention_decode_triton",
         "kernels.attention_prefill_triton",
-        "kernels.sgmv_triton",
+        "kernels.sgmv_group_triton",
     ]
     assert expected["cached"]["b0"] == 16, "the scenario's second round must hit the prefix cache"
     assert got["cached"] == expected["cached"]
