@@ -3,11 +3,12 @@
 #   1. the Triton kernel tests, compiled, on CUDA tensors, against their float64 references;
 #   2. the kernel benchmark on the Triton backend (and the dense linears on cuBLAS);
 #   3. the whole engine on CUDA against transformers + peft on the same GPU (greedy tokens, throughput),
-#      fp32 and bf16, on the zoo's tiny and small models.
+#      fp32 and bf16, on the zoo's tiny and small models;
+#   4. where a step's time goes on the GPU, mixed adapters and base only (`profile_engine`, small, bf16).
 # Every step has its own time limit and its log under $OUT (default ./gpu-out); a failing step does not
 # stop the others, and the script's exit status is the number of failed steps.
 #
-#     bash scripts/gpu_checks.sh [quick]        # quick: tiny only, fewer benchmark repeats
+#     bash scripts/gpu_checks.sh [quick]        # quick: no transformers runs, fewer benchmark repeats
 #
 # Python packages: the GPU's own torch and triton; where a pinned pure-Python dependency is missing or
 # another version there, `pip install --target` it and put it on PYTHONPATH first.
@@ -43,14 +44,20 @@ step triton-tests 200 python3 -m pytest -q $workers --confcutdir=tests/kernels -
 repeats=20
 [ "$mode" = quick ] && repeats=5
 step bench-kernels 120 python3 -m loadtest.bench_kernels --backend triton --repeats $repeats
-models=(tiny small)
-[ "$mode" = quick ] && models=(tiny)
-for model in "${models[@]}"; do
+hf=(--hf-batch-size 64)
+[ "$mode" = quick ] && hf=(--skip-hf --check-sample 2)
+for model in tiny small; do
     for dtype in float32 bfloat16; do
         step "engine-$model-$dtype" 120 python3 -m loadtest.bench_engine --model "$model" --device cuda \
-            --dtype "$dtype" --hf-batch-size 64
+            --dtype "$dtype" "${hf[@]}"
     done
 done
-grep -h '^{' "$OUT"/bench-*.log "$OUT"/engine-*.log >"$OUT/results.jsonl" 2>/dev/null
+for kind in mixed base; do
+    flag=()
+    [ "$kind" = base ] && flag=(--base)
+    step "profile-small-$kind" 90 python3 -m loadtest.profile_engine --model small --device cuda \
+        --dtype bfloat16 --requests 64 "${flag[@]}"
+done
+grep -h '^{' "$OUT"/bench-*.log "$OUT"/engine-*.log "$OUT"/profile-*.log >"$OUT/results.jsonl" 2>/dev/null
 echo "failed steps: $failed"
 exit "$failed"
