@@ -22,13 +22,14 @@ import triton.language as tl
 
 from kernels.lora_meta import TABLE_COLUMNS, LoRAGroup
 from kernels.triton_util import (
-    HOPPER_SMS,
     dot_flags,
     mma,
     pow2_tile,
     require_dot_tiles,
     require_unit_last_stride,
     round_to,
+    sgmv_block_m,
+    sgmv_split_k,
 )
 
 
@@ -156,12 +157,6 @@ def _group_expand_kernel(
     tl.store(y_ptrs, (prev + acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _block_m(num_tokens: int, num_segments: int) -> int:
-    # Long segments (prefill) reuse each weight tile over more rows; decode segments are a few rows.
-    mean_len = num_tokens // max(num_segments, 1)
-    return 64 if mean_len >= 128 else 32 if mean_len >= 32 else 16
-
-
 def sgmv_group_triton(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int) -> None:
     """`kernels.sgmv.sgmv_group` on the GPU: one shrink and one expand launch for all of `group`."""
     num_tokens, hidden = x.shape
@@ -178,14 +173,13 @@ def sgmv_group_triton(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, lay
     max_rank = max(p.a.shape[2] for p in projections)
     max_out = max(p.b.shape[2] for p in projections)
     slots = group.rank_table.shape[1]
-    bm = _block_m(num_tokens, num_segments)
+    bm = sgmv_block_m(num_tokens, num_segments)
     upcast, precision = dot_flags(x.dtype)
 
     bn, bk = pow2_tile(max_rank, hi=64), pow2_tile(hidden, hi=64 if x.dtype == torch.float32 else 128)
     require_dot_tiles(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
     m_tiles, n_tiles = triton.cdiv(num_tokens, bm), triton.cdiv(max_rank, bn)
-    busy = (m_tiles + num_segments) * n_tiles * num_proj
-    splits = max(1, min(2 * HOPPER_SMS // max(busy, 1), triton.cdiv(hidden, bk), 16))
+    splits = sgmv_split_k((m_tiles + num_segments) * n_tiles * num_proj, triton.cdiv(hidden, bk))
     v_cols = sum(p.a.shape[2] for p in projections)
     alloc = torch.zeros if splits > 1 else torch.empty
     v = alloc(num_tokens, v_cols, dtype=torch.float32, device=x.device)

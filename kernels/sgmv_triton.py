@@ -18,12 +18,13 @@ import triton.language as tl
 
 from kernels.lora_meta import LoRABatchMeta
 from kernels.triton_util import (
-    HOPPER_SMS,
     dot_flags,
     mma,
     pow2_tile,
     require_dot_tiles,
     require_unit_last_stride,
+    sgmv_block_m,
+    sgmv_split_k,
 )
 
 
@@ -136,17 +137,6 @@ def _expand_kernel(
     tl.store(y_ptrs, (prev + acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _block_m(num_tokens: int, num_segments: int) -> int:
-    # Long segments (prefill) reuse each weight tile over more rows; decode segments are a few rows.
-    mean_len = num_tokens // max(num_segments, 1)
-    return 64 if mean_len >= 128 else 32 if mean_len >= 32 else 16
-
-
-def _split_k(busy_programs: int, k_tiles: int) -> int:
-    want = max(1, 2 * HOPPER_SMS // max(busy_programs, 1))
-    return max(1, min(want, k_tiles, 16))
-
-
 def sgmv_shrink_triton(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -169,12 +159,12 @@ def sgmv_shrink_triton(
     if num_tokens == 0 or num_segments == 0:
         return
     require_unit_last_stride(y=y, x=x, lora_a=weights)
-    bm = block_m or _block_m(num_tokens, num_segments)
+    bm = block_m or sgmv_block_m(num_tokens, num_segments)
     bn = pow2_tile(rank, hi=64)
     bk = block_k or pow2_tile(hidden, hi=64 if x.dtype == torch.float32 else 128)
     require_dot_tiles(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
     m_tiles, n_tiles = triton.cdiv(num_tokens, bm), triton.cdiv(rank, bn)
-    splits = split_k or _split_k((m_tiles + num_segments) * n_tiles, triton.cdiv(hidden, bk))
+    splits = split_k or sgmv_split_k((m_tiles + num_segments) * n_tiles, triton.cdiv(hidden, bk))
     # Split-K partials meet in fp32 (atomics on 16-bit floats would round every partial sum).
     out = y if splits == 1 else torch.zeros(y.shape, dtype=torch.float32, device=y.device)
     upcast, precision = dot_flags(x.dtype)
@@ -229,7 +219,7 @@ def sgmv_expand_triton(
         return
     y_slice = y.narrow(1, y_offset, out_features)
     require_unit_last_stride(y=y_slice, v=v, lora_b=weights)
-    bm = block_m or _block_m(num_tokens, num_segments)
+    bm = block_m or sgmv_block_m(num_tokens, num_segments)
     bn = block_n or pow2_tile(out_features, hi=128)
     bk = pow2_tile(rank, hi=64)
     require_dot_tiles(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)

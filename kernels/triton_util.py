@@ -60,6 +60,20 @@ def require_dot_tiles(**tiles: int) -> None:
         raise ValueError(f"tl.dot tiles must be at least {MIN_DOT_TILE} wide on a GPU; got {small}")
 
 
+def sgmv_block_m(num_tokens: int, num_segments: int) -> int:
+    """The SGMV kernels' row tile: long segments (prefill) reuse each weight tile over more rows; decode
+    segments are a few rows."""
+    mean_len = num_tokens // max(num_segments, 1)
+    return 64 if mean_len >= 128 else 32 if mean_len >= 32 else 16
+
+
+def sgmv_split_k(busy_programs: int, k_tiles: int) -> int:
+    """How many ways the SGMV shrink splits its reduction: about two programs per SM in all, at most one
+    K tile per split and 16 splits."""
+    want = max(1, 2 * HOPPER_SMS // max(busy_programs, 1))
+    return max(1, min(want, k_tiles, 16))
+
+
 def pow2_tile(n: int, lo: int = MIN_DOT_TILE, hi: int = 128) -> int:
     """The power-of-two tile covering `n`, clamped to `[lo, hi]`."""
     return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
