@@ -39,6 +39,14 @@ async def read_chunked(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
         await reader.readexactly(2)
 
 
+async def send(port: int, request: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes, int]:
+    """Send a raw HTTP request to the gateway on 127.0.0.1: (reader, writer, response head, status)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    return reader, writer, head, int(head.split(b" ", 2)[1])
+
+
 async def sse_chunks(reader: asyncio.StreamReader) -> AsyncIterator[list[dict[str, Any] | None]]:
     """Per body chunk of a chunked server-sent-events response, the `data:` events it completes: each a
     JSON object, or None for `[DONE]` (an event split across chunks comes with the chunk that ends it)."""
@@ -57,10 +65,7 @@ async def one_stream(
     writer: asyncio.StreamWriter | None = None
     opened = False
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request)
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
+        reader, writer, head, status = await send(port, request)
         if status != 200:
             tally.errors[f"http {status}"] += 1
             return

@@ -26,7 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loadtest.gateway_streams import sse_chunks
+from loadtest.gateway_streams import send, sse_chunks
 from loadtest.procs import ms, pct
 from loragate.types import Request
 
@@ -89,10 +89,7 @@ async def _attempt(
     """Stream `request` into `stats`; the seconds to wait before retrying when refused with 429, else None."""
     writer: asyncio.StreamWriter | None = None
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request)
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
+        reader, writer, head, status = await send(port, request)
         if status != 200:
             stats.error = f"http {status}"
             return _retry_after(head) if status == 429 else None
