@@ -25,7 +25,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from peft import PeftModel
@@ -40,19 +40,49 @@ from worker.device import add_device_args, device_args, dtype_name
 from worker.engine import LLMEngine
 
 
-def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> tuple[float, list[list[int]]]:
+@dataclass(frozen=True)
+class EngineRun:
+    """One timed engine run: throughput, each request's tokens, and what separates start-up from steady
+    state (a GPU's first steps may compile kernels): the rate between the 10 % and 90 % token marks and
+    the longest step."""
+
+    tok_s: float
+    tokens: list[list[int]]
+    steady_tok_s: float
+    slowest_step_ms: float
+
+
+def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> EngineRun:
     total = sum(r.params.max_tokens for r in requests)
     for r in requests:
         engine.add_request(r)
     tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    marks: list[tuple[float, int]] = []  # (seconds since start, tokens so far) after each step
+    done, slowest = 0, 0.0
     start = time.perf_counter()
     with tqdm(total=total, desc=label, unit="tok", file=sys.stderr) as bar:
         while engine.has_work():
+            step_start = time.perf_counter()
             for out in engine.step():
                 tokens[out.request_id].extend(out.new_token_ids)
                 bar.update(len(out.new_token_ids))
+                done += len(out.new_token_ids)
+            now = time.perf_counter()
+            slowest = max(slowest, now - step_start)
+            marks.append((now - start, done))
     elapsed = time.perf_counter() - start
-    return total / elapsed, [tokens[r.request_id] for r in requests]
+    ordered = [tokens[r.request_id] for r in requests]
+    return EngineRun(total / elapsed, ordered, steady_rate(marks), slowest * 1e3)
+
+
+def steady_rate(marks: list[tuple[float, int]], lo: float = 0.1, hi: float = 0.9) -> float:
+    """Tokens per second between the first steps at which `lo` and `hi` of the tokens were out."""
+    total = marks[-1][1] if marks else 0
+    first = next(((t, n) for t, n in marks if n >= lo * total), None)
+    last = next(((t, n) for t, n in marks if n >= hi * total), None)
+    if first is None or last is None or last[0] <= first[0]:
+        return 0.0
+    return (last[1] - first[1]) / (last[0] - first[0])
 
 
 def run_hf(
@@ -131,14 +161,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = make_workload(bench.workload, engine.info.vocab_size, list(adapters))
     warm_up(engine, requests)
 
-    lora_tok_s, lora_tokens = run_loragate(engine, requests, "loragate (LoRA)")
+    lora_run = run_loragate(engine, requests, "loragate (LoRA)")
+    lora_tok_s, lora_tokens = lora_run.tok_s, lora_run.tokens
     stats = engine.snapshot()
     hit_rate = stats.prefix_hit_tokens / max(1, stats.prefix_queried_tokens)
 
     base_engine = LLMEngine(model_dir, replace(config, adapters={}))
     base_requests = [replace(r, adapter=None) for r in requests]
     warm_up(base_engine, base_requests)
-    base_tok_s, _ = run_loragate(base_engine, base_requests, "loragate (base only)")
+    base_run = run_loragate(base_engine, base_requests, "loragate (base only)")
+    base_tok_s = base_run.tok_s
 
     hf_tok_s = hf_base_tok_s = None
     ref = HFReference(model_dir, adapters, dtype=dtype, device=device)
@@ -169,6 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "hf_base_tok_s": round(hf_base_tok_s, 1) if hf_base_tok_s else None,
         "base_vs_hf_base": round(base_tok_s / hf_base_tok_s, 2) if hf_base_tok_s else None,
         "lora_vs_base_ratio": round(lora_tok_s / base_tok_s, 3),
+        "loragate_steady_tok_s": round(lora_run.steady_tok_s, 1),
+        "loragate_base_steady_tok_s": round(base_run.steady_tok_s, 1),
+        "steady_lora_vs_base_ratio": round(lora_run.steady_tok_s / max(base_run.steady_tok_s, 1e-9), 3),
+        "slowest_step_ms": round(lora_run.slowest_step_ms, 1),
+        "base_slowest_step_ms": round(base_run.slowest_step_ms, 1),
         "tokens_match": all(matches),
         "tokens_checked_requests": len(matches),
         "prefix_hit_rate": round(hit_rate, 3),

@@ -144,7 +144,7 @@ def offline(
             replace(r, params=replace(r.params, max_tokens=min(cap, r.params.max_tokens))) for r in requests
         ]
     engine.generate(warm)
-    tok_s, _ = run_loragate(engine, requests, "offline engine")
+    tok_s = run_loragate(engine, requests, "offline engine").tok_s
     per_level = {}
     for concurrency in levels:
         del engine

@@ -40,6 +40,17 @@ def test_bench_engine_reports_every_side(capsys: pytest.CaptureFixture[str]) -> 
     assert result["base_vs_hf_base"] == pytest.approx(
         result["loragate_base_tok_s"] / result["hf_base_tok_s"], rel=0.02
     )
+    steady = ["loragate_steady_tok_s", "loragate_base_steady_tok_s", "slowest_step_ms"]
+    for key in [*steady, "base_slowest_step_ms"]:
+        assert result[key] > 0, key
+
+
+def test_steady_rate_leaves_out_the_first_and_last_tenth() -> None:
+    # A slow first step (2 s for 10 tokens), then 10 tokens every 0.1 s up to 100.
+    marks = [(2.0, 10)] + [(2.0 + 0.1 * i, 10 + 10 * i) for i in range(1, 10)]
+    assert bench_engine.steady_rate(marks) == pytest.approx(100.0)
+    assert bench_engine.steady_rate([]) == 0.0
+    assert bench_engine.steady_rate([(1.0, 50)]) == 0.0  # one step: no interval to measure
 
 
 def test_smollm2_bench_adapters_are_the_issues_shape(smollm2: Path) -> None:
