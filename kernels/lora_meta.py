@@ -19,7 +19,7 @@ from functools import cached_property
 import torch
 
 Segment = tuple[int, int, int]  # (first token, end token, adapter slot >= 0)
-TABLE_COLUMNS = 12  # the columns of `LoRAGroup.projection_table`
+TABLE_COLUMNS = 11  # the columns of `LoRAGroup.projection_table`
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,12 @@ class LoRAGroup:
         """`[M, TABLE_COLUMNS]` int64 on the weights' device (the Triton kernel's input), made once: per
         projection the address of `a` and its strides over layers, slots and rank rows; the same for `b`
         (rows: output features); its output width; its first output column; its first column in the
-        shared intermediate (the running sum of the stacks' ranks); its stack's rank."""
+        shared intermediate (the running sum of the stacks' ranks)."""
         rows, v_col = [], 0
         for p in self.projections:
             a, b = p.a, p.b
             a_cols = [a.data_ptr(), *a.stride()[:3]]
             b_cols = [b.data_ptr(), *b.stride()[:3]]
-            rows.append([*a_cols, *b_cols, b.shape[2], p.y_offset, v_col, a.shape[2]])
+            rows.append([*a_cols, *b_cols, b.shape[2], p.y_offset, v_col])
             v_col += a.shape[2]
         return torch.tensor(rows, dtype=torch.int64, device=self.projections[0].a.device)
