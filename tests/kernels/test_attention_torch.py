@@ -25,6 +25,14 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GQA = [(4, 4), (8, 2), (8, 1)]  # (query heads, KV heads): ratios 1, 4, 8
 
 
+@pytest.fixture(params=["sdpa", "tiles"])
+def prefill_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a prefill test on both CPU prefill paths: torch's fused SDPA and the explicit query tiles."""
+    threshold = 1 if request.param == "sdpa" else 10**9
+    monkeypatch.setattr(kernels.attention_torch, "SDPA_MIN_QUERIES", threshold)
+    return str(request.param)
+
+
 def run_decode(
     ctx_lens: list[int],
     block_size: int,
@@ -107,15 +115,39 @@ def test_decode_splits_a_large_batch_into_length_sorted_groups(monkeypatch: pyte
     ids=["prefill", "chunked-with-prefix", "block-aligned"],
 )
 def test_prefill_matches_reference(
-    q_lens: list[int], prefixes: list[int], block_size: int, heads: tuple[int, int], dtype: torch.dtype
+    q_lens: list[int],
+    prefixes: list[int],
+    block_size: int,
+    heads: tuple[int, int],
+    dtype: torch.dtype,
+    prefill_path: str,
 ) -> None:
     out, ref = run_prefill(q_lens, prefixes, block_size, heads, 32, dtype, seed=sum(q_lens) + block_size)
     assert rel_err(out, ref) < TOLERANCE[dtype]
 
 
 def test_prefill_query_tiles_meet_at_the_causal_diagonal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels.attention_torch, "SDPA_MIN_QUERIES", 10**9)
     monkeypatch.setattr(kernels.attention_torch, "PREFILL_TILE_BYTES", 1)  # 16-query tiles
     out, ref = run_prefill([50, 23], [0, 30], 16, (8, 2), 64, torch.float32, seed=9)
+    assert rel_err(out, ref) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("window", [None, 70])
+def test_long_prefill_chunks_go_to_fused_sdpa(window: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the default threshold a long chunk (over a cached prefix, or not) runs in torch's SDPA, a short
+    one in query tiles; both match the reference."""
+    calls: list[int] = []
+    sdpa = kernels.attention_torch._sdpa_attention
+
+    def spy(out: torch.Tensor, q: torch.Tensor, *args: object) -> None:
+        calls.append(q.shape[0])
+        sdpa(out, q, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels.attention_torch, "_sdpa_attention", spy)
+    long = kernels.attention_torch.SDPA_MIN_QUERIES
+    out, ref = run_prefill([long, long + 7, 5], [0, 90, 40], 16, (8, 2), 64, torch.float32, 11, window)
+    assert calls == [long, long + 7]
     assert rel_err(out, ref) < TOLERANCE[torch.float32]
 
 
@@ -156,7 +188,12 @@ def test_decode_sliding_window_groups_sequences_of_different_first_blocks(
     ids=["prefill", "chunked-with-prefix", "block-aligned"],
 )
 def test_prefill_sliding_window_matches_reference(
-    q_lens: list[int], prefixes: list[int], window: int, block_size: int, dtype: torch.dtype
+    q_lens: list[int],
+    prefixes: list[int],
+    window: int,
+    block_size: int,
+    dtype: torch.dtype,
+    prefill_path: str,
 ) -> None:
     seed = sum(q_lens) + window
     out, ref = run_prefill(q_lens, prefixes, block_size, (8, 2), 32, dtype, seed=seed, window=window)
@@ -164,13 +201,16 @@ def test_prefill_sliding_window_matches_reference(
 
 
 def test_prefill_sliding_window_across_query_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels.attention_torch, "SDPA_MIN_QUERIES", 10**9)
     monkeypatch.setattr(kernels.attention_torch, "PREFILL_TILE_BYTES", 1)  # 16-query tiles
     out, ref = run_prefill([50, 23], [0, 30], 16, (8, 2), 64, torch.float32, seed=9, window=19)
     assert rel_err(out, ref) < TOLERANCE[torch.float32]
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
-def test_sliding_window_sees_keys_less_than_window_positions_back(phase: str, cpu_backend: str) -> None:
+def test_sliding_window_sees_keys_less_than_window_positions_back(
+    phase: str, cpu_backend: str, prefill_path: str
+) -> None:
     # transformers' Mistral mask keeps key j for query i when i - j < window (`kv_idx > q_idx - window`).
     # With q = 0 the softmax is uniform, and V[j] = j makes the output the mean of the positions seen.
     ctx, window = 10, 4
