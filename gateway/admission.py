@@ -13,8 +13,10 @@ the configured bound or, by default, each worker's own batch capacity (`max_runn
 gateway's fair queue orders the backlog, since the engine would only queue it FCFS. Each tick releases at
 most that many requests (they are counted on their worker as soon as they are routed). A request that
 still waits after `max_wait_s` (a backstop: the wait bound should refuse it before it queues) is refused
-with 429. Tenants are charged the tokens they were actually served when a request ends (the
-admission-time estimate is corrected), and each finished request feeds the model's drain rate.
+with 429. With the model's shared stream on (`model_queue_max`) and no worker live, a request is admitted
+at once: it waits on that stream, bounded there, for a worker to start. Tenants are charged the tokens
+they were actually served when a request ends (the admission-time estimate is corrected), and each
+finished request feeds the model's drain rate.
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ class FairAdmission:
         tick_s: float = 0.005,
         limits: Limits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shared_queue: bool = False,
     ):
+        self.shared_queue = shared_queue  # with no live worker, requests wait on the model's shared stream
         self.fleet, self.per_worker, self.max_wait_s, self.tick_s = fleet, per_worker, max_wait_s, tick_s
         self.limits, self.clock = limits or Limits(), clock
         self.queues: dict[str, FairQueue[_Ticket]] = {}
@@ -70,6 +74,7 @@ class FairAdmission:
             settings.fair_admission_per_worker,
             settings.fair_admission_max_wait_s,
             limits=Limits.from_settings(settings),
+            shared_queue=settings.model_queue_max > 0,
         )
 
     def capacity(self, state: WorkerState) -> int:
@@ -99,13 +104,18 @@ class FairAdmission:
         """Refuse (429) if over a bound; else wait for this request's fair turn if the model's workers are
         busy. Returns the charge made."""
         self.meter(base).asked(max_tokens)
+        queue = self.queues.setdefault(base, FairQueue())
+        estimate = token_cost(prompt_tokens, max_tokens)
+        if self.shared_queue and not self.fleet.serving(base):
+            # No worker to estimate a wait from or to wait for here: it waits on the model's shared stream
+            # (bounded there) for the first worker to start.
+            queue.charge(tenant, estimate)
+            return estimate
         load = self.load(base)
         refusal = judge(self.limits, tenant, base, load)
         if refusal is not None:
             self.rejected[refusal.code] += 1
             raise refusal.error()
-        queue = self.queues.setdefault(base, FairQueue())
-        estimate = token_cost(prompt_tokens, max_tokens)
         if not len(queue) and self.room(base) > 0:
             queue.charge(tenant, estimate)
             return estimate

@@ -87,7 +87,7 @@ async def gateway_context(
     fleet.start()
     mux = OutputMux(settings.redis_url, r)
     await mux.start()
-    reaper = Reaper(r, fleet, f"reaper-{settings.gateway_id}")
+    reaper = Reaper(r, fleet, f"reaper-{settings.gateway_id}", shared_queue=settings.model_queue_max > 0)
     reaper.start()
     holder: PolicyHolder[Policy] = PolicyHolder(
         PolicyStore(r), parse_policy, DEFAULT_POLICY, settings.redis_url
@@ -109,7 +109,7 @@ async def gateway_context(
             reaper,
             TokenizerStore(),
             holder,
-            Router(fleet.state, holder, decisions),
+            Router(fleet.state, holder, decisions, shared_queue=settings.model_queue_max > 0),
             decisions,
             admission,
             kv_events,

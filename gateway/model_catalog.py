@@ -36,6 +36,16 @@ class Target:
         return self.adapter.key if self.adapter else self.base
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What the gateway needs of a base model to take its requests: the tokenizer's directory, the KV
+    block size (the prefix hashes), the context length."""
+
+    model_dir: str
+    block_size: int
+    max_model_len: int
+
+
 class ModelCatalog:
     def __init__(self, r: aioredis.Redis, fleet: Fleet, ttl_s: float = 1.0):
         self.redis, self.fleet, self.ttl_s = r, fleet, ttl_s
@@ -60,6 +70,18 @@ class ModelCatalog:
             self._remembered = {k.decode() for k, v in raw.items() if _seen_at(v) > horizon}
             self._remembered_at = time.monotonic()
         return self._seen | self._remembered
+
+    async def shape(self, base: str) -> ModelShape | None:
+        """`base` as its workers last described it in `lg:models` (None: never, or by a worker too old
+        to say its block size), for requests that wait for a worker to start."""
+        raw = await self.redis.hget(contracts.MODELS, base)
+        try:
+            seen = json.loads(raw) if raw is not None else None
+            if not isinstance(seen, dict):
+                return None
+            return ModelShape(str(seen["model_dir"]), int(seen["block_size"]), int(seen["max_model_len"]))
+        except (ValueError, KeyError, TypeError):
+            return None
 
     async def resolve(self, model: object, tenant: str) -> Target:
         if not isinstance(model, str) or not model:

@@ -108,7 +108,7 @@ class OpenAIRoutes:
         if len(items) * n > 1:
             return await self._choices(request, call, resolved, items, n, started)
         target, prompt = resolved.target, tokenize(ctx, call, resolved)
-        spec = render_spec(call, ctx.tokenizers.get(resolved.worker_state.model_dir), prompt)
+        spec = render_spec(call, ctx.tokenizers.get(resolved.model_dir), prompt)
         job = make_job(ctx, request, call, resolved, prompt)
         headers = {"x-request-id": job.request_id}
         if await job.is_retry(ctx):  # a retry of a request we already have: relay it again (from the start)

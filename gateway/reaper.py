@@ -6,7 +6,8 @@ never read are read through the consumer group, and each is re-enqueued on a liv
 base model — with the tokens its output stream already holds as `resume_token_ids`, so the client's
 stream continues where it stopped — and only then acknowledged and deleted from the dead queue. Claims
 are atomic, so several gateways can reap side by side. An entry with no live worker to take it stays
-claimed and is retried on the next pass.
+claimed and is retried on the next pass — or, with the model's shared stream on (`model_queue_max`), is
+moved there, where the next worker of that model to start takes it.
 
 Right after a Redis outage or restart every heartbeat may have expired while the workers live on and are
 reconnecting; taking their queues then would run their requests twice. So nothing is reaped while the
@@ -37,6 +38,15 @@ return 0
 """
 
 
+async def ensure_group(r: aioredis.Redis, stream: str) -> None:
+    """`stream` and its consumer group `workers`, made if missing."""
+    try:
+        await r.xgroup_create(stream, contracts.WORKER_GROUP, id="0", mkstream=True)
+    except aioredis.ResponseError as e:
+        if "BUSYGROUP" not in str(e):
+            raise
+
+
 def least_loaded(fleet: Fleet, base: str) -> WorkerView | None:
     """Re-routed work was already admitted, so no queue bound applies: the least-loaded live worker."""
     serving = fleet.serving(base)
@@ -44,8 +54,16 @@ def least_loaded(fleet: Fleet, base: str) -> WorkerView | None:
 
 
 class Reaper:
-    def __init__(self, r: aioredis.Redis, fleet: Fleet, consumer: str, interval_s: float = 1.0):
+    def __init__(
+        self,
+        r: aioredis.Redis,
+        fleet: Fleet,
+        consumer: str,
+        interval_s: float = 1.0,
+        shared_queue: bool = False,
+    ):
         self.redis, self.fleet, self.consumer = r, fleet, consumer
+        self.shared_queue = shared_queue  # no live worker for an entry: onto its model's shared stream
         self.interval_s = interval_s
         self.rerouted = 0
         self._task: asyncio.Task[None] | None = None
@@ -128,10 +146,14 @@ class Reaper:
             await pipe.execute()
             return False
         worker = least_loaded(self.fleet, msg.model)
-        if worker is None:
+        if worker is None and not self.shared_queue:
             return False  # no live worker for this model yet: retry next pass
         moved = dataclasses.replace(msg, attempt=msg.attempt + 1, resume_token_ids=tuple(streamed))
-        target = contracts.queue(worker.state.worker_id)
+        if worker is None:  # it waits on the model's shared stream for the next worker to start
+            target = contracts.model_queue(msg.model)
+            await ensure_group(self.redis, target)
+        else:
+            target = contracts.queue(worker.state.worker_id)
         # One script: queue the copy, point the request's record at it, drop the old entry — only if the
         # old entry is still there, so a retried call (its reply lost) or another reaper adds no second copy.
         entry = await self.redis.eval(
@@ -146,12 +168,7 @@ class Reaper:
         )
         if entry is None:
             return False
-        self.fleet.state.note_enqueued(worker.state.worker_id)  # no handler owns it: counted until refresh
-        log.info(
-            "re-routed %s from %s to %s after %d tokens",
-            msg.request_id,
-            queue,
-            worker.state.worker_id,
-            len(streamed),
-        )
+        if worker is not None:  # no handler owns it: counted until refresh
+            self.fleet.state.note_enqueued(worker.state.worker_id)
+        log.info("re-routed %s from %s to %s after %d tokens", msg.request_id, queue, target, len(streamed))
         return True

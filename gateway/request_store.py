@@ -12,6 +12,10 @@ attaches to it instead of queueing a second copy (which would fail with "request
 interleave two generations). Two more scripts change a request atomically, so any number of gateways
 and handlers may race on it:
 
+A request may also wait on its model's shared stream (`enqueue_shared`: no worker could take it yet), from
+which a worker moves it onto its own queue, pointing the record at the new entry
+(`loragate.request_record.MOVE`).
+
 - `cancel`: a queue entry that no worker has read yet is deleted, and the `abort` event written in the
   worker's stead (the request never runs); a request a worker holds is cancelled over pub/sub (`abort`).
 - `revive`: a request whose output stream ends with an `abort` event (a client that left cut it short)
@@ -74,6 +78,26 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return entry
 """
 )
+
+# The same on a model's shared stream (KEYS[3]), bounded: -1 when it holds ARGV[4] entries already. Its
+# consumer group (ARGV[5]) is made with it, so `cancel` finds an entry that no worker took unread.
+_ENQUEUE_SHARED = (
+    _LIVE
+    + f"""
+if live(KEYS[1], KEYS[2]) then
+    return false
+end
+if redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[4]) then
+    return -1
+end
+pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[5], '0', 'MKSTREAM')
+local entry = redis.call('XADD', KEYS[3], '*', '{contracts.QUEUE_FIELD}', ARGV[1])
+redis.call('HSET', KEYS[1], '{FP}', ARGV[2], '{QUEUE}', KEYS[3], '{ENTRY}', entry)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return entry
+"""
+)
+SHARED_FULL = -1  # `enqueue_shared`'s reply when the model's shared stream is at its bound
 
 _CANCEL = f"""
 local queue = redis.call('HGET', KEYS[1], '{QUEUE}')
@@ -145,6 +169,14 @@ class RequestStore:
         rid = msg.request_id
         keys_ = (contracts.request_record(rid), contracts.output(rid), contracts.queue(worker_id))
         pipe.eval(_ENQUEUE, 3, *keys_, msg.to_json(), fp, self.ttl_s)
+
+    def enqueue_shared(self, pipe: Pipeline, msg: QueuedRequest, fp: str, bound: int) -> None:
+        """As `enqueue`, on `msg.model`'s shared stream (`contracts.model_queue`), where the first worker
+        of that model with room takes it; the reply is `SHARED_FULL` when the stream holds `bound`
+        entries already."""
+        rid = msg.request_id
+        keys_ = (contracts.request_record(rid), contracts.output(rid), contracts.model_queue(msg.model))
+        pipe.eval(_ENQUEUE_SHARED, 3, *keys_, msg.to_json(), fp, self.ttl_s, bound, contracts.WORKER_GROUP)
 
     async def cancel(self, request_id: str) -> bool:
         """Cancel the request: dropped from its queue if no worker has read it yet (True), else

@@ -42,9 +42,11 @@ class Router:
         holder: PolicyHolder[Policy],
         log: DecisionLog,
         seed: int | None = None,
+        shared_queue: bool = False,
     ):
         self.state, self.holder, self.log = state, holder, log
         self.rng = random.Random(seed)
+        self.shared_queue = shared_queue  # no worker can take it: the model's shared stream, not 503/429
 
     def is_alias(self, model: str) -> bool:
         return model in self.holder.policy.aliases
@@ -69,9 +71,10 @@ class Router:
             chosen, reason = others[0], f"{reason}; {chosen} has no worker, using {others[0]}"
         return AliasChoice(chosen, score, reason)
 
-    def route(self, request: RouteRequest) -> tuple[RouteDecision, Reservation]:
+    def route(self, request: RouteRequest) -> tuple[RouteDecision, Reservation | None]:
         """The decision and what it reserves on its worker (counted before any await, so concurrent
-        requests see it); 503 or 429 when no worker was chosen."""
+        requests see it). When no worker was chosen: 503 (none live) or 429 (all at their bound), or with
+        `shared_queue` no reservation: the request goes on the model's shared stream."""
         shadow = self.holder.shadow
         routed = self.state.route(
             self.holder.policy.profile(),
@@ -83,6 +86,8 @@ class Router:
         decision = routed.decision
         if routed.shadow is not None:
             self.log.shadow.record(decision, routed.shadow)
+        if self.shared_queue and routed.reservation is None:
+            return decision, None
         if decision.outcome is Outcome.NO_WORKER:
             self.log.count(decision)
             raise APIError(

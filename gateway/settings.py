@@ -18,6 +18,8 @@ admission_models:                 # per-model overrides
 admission_tenants:                # per-tenant overrides ("*" = every tenant); a tenant's wins
   batch-jobs: {wait_bound_s: 120} # over its model's, which wins over the defaults above
   "*": {max_queued: 100}          # a tenant's requests waiting in this gateway's fair queue
+model_queue_max: 0                # requests per model waiting on its shared stream for any worker
+                                  # (cold start, all workers full); 0 = off (503 / 429 instead)
 # Per-worker queue bounds (429) and routing live in the routing policy (GET/PUT /admin/policy).
 ```
 """
@@ -58,6 +60,10 @@ class GatewaySettings:
     fair_admission_max_wait_s: float = 30.0
     admission_wait_bound_s: float = 30.0  # refuse (429) when the estimated queue wait exceeds it; 0 = off
     admission_max_queued: int = 0  # per model: requests waiting (not running) beyond which 429; 0 = off
+    # Per base model: requests that may wait on its shared stream `lg:mq:{model}` while no worker can take
+    # them (none live: scale from zero; all at their queue bound), for the first worker with room; 429
+    # beyond. 0 = off: 503 with no worker, 429 when all are full.
+    model_queue_max: int = 0
     admission_models: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> bounds
     admission_tenants: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant or "*" -> bounds
     gateway_id: str = field(default_factory=lambda: f"gw-{os.getpid()}")

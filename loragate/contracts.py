@@ -38,6 +38,18 @@ def queue(worker_id: str) -> str:
     return f"{PREFIX}:q:{worker_id}"
 
 
+def model_queue(model: str) -> str:
+    """Stream of requests for one base model that no worker could take when they came (none serves it,
+    or all were at capacity): a worker of that model whose own queue is empty moves entries from it onto
+    its own (`request_record.STEAL`). Its length is the model's unplaced backlog: the autoscaling signal
+    (KEDA's redis-streams `streamLength`). Consumer group `workers`, which no one reads: it is there so
+    the shared cancel script finds an entry unread."""
+    return f"{PREFIX}:mq:{model}"
+
+
+MODEL_QUEUE_PATTERN = f"{PREFIX}:mq:*"
+
+
 def output(request_id: str) -> str:
     """Stream of one request's output events, in order; kept for a while so a client can resume."""
     return f"{PREFIX}:out:{request_id}"
@@ -77,7 +89,8 @@ def worker_id_of_queue(key: str) -> str:
     return key.removeprefix(f"{PREFIX}:q:")
 
 
-MODELS = f"{PREFIX}:models"  # hash: base model name -> {"model_dir", "max_model_len", "at"} JSON (last beat)
+# hash: base model name -> {"model_dir", "max_model_len", "block_size", "at"} JSON (its workers' last beat)
+MODELS = f"{PREFIX}:models"
 MODEL_MEMORY_S = 7 * 24 * 3600  # a base model seen within this long is known (503 while down, not 404)
 
 

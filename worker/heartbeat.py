@@ -79,7 +79,14 @@ class Heartbeat:
             if state is None or time.monotonic() - self._published > self.stale_after_s:
                 return False
             now = time.time()
-            seen = json.dumps({"model_dir": state.model_dir, "max_model_len": state.max_model_len, "at": now})
+            seen = json.dumps(
+                {
+                    "model_dir": state.model_dir,
+                    "max_model_len": state.max_model_len,
+                    "block_size": state.block_size,
+                    "at": now,
+                }
+            )
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(
                 contracts.worker_state(self.worker_id),

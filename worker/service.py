@@ -73,7 +73,15 @@ class WorkerService:
         self.ledger = Ledger(r, worker_id)
         # `compile_fn`: how guides compile on the intake's threads (tests slow it down); the engine's.
         self.intake = Intake(
-            r, worker_id, engine, registry, self.ledger, max_waiting, tracer is not None, compile_fn
+            r,
+            worker_id,
+            engine,
+            registry,
+            self.ledger,
+            max_waiting,
+            tracer is not None,
+            compile_fn,
+            model_name,
         )
         self.outputs = OutputWriter(self.ledger, worker_id, tracer)
         self.cancels = CancelFeed(r)
@@ -156,7 +164,8 @@ class WorkerService:
                 self.kv_events.deferred = []
                 if not self.intake.compiles:
                     if not self.draining.is_set():  # idle: wait in Redis for work, then step at once
-                        self.intake.admit(pending=False, block_ms=100)
+                        stole = self.intake.steal()
+                        self.intake.admit(pending=False, block_ms=0 if stole else 100)
                     continue
                 # Only guides compiling: read what is queued without waiting, then wait for a compile.
                 if not self.draining.is_set():
@@ -235,15 +244,19 @@ class WorkerService:
         # first token of a new request does not share its write, and the routers' reads, with them.
         self.kv_events.add(pipe, self.kv_events.deferred)
         self.kv_events.deferred = self.engine.drain_events()
+        peeking = not self.draining.is_set() and self.intake.add_peek(pipe)
         polling = not self.draining.is_set() and self.intake.add_read(pipe)
         replies = pipe.execute(raise_on_error=False)
-        for reply in replies[:-1] if polling else replies:
+        tail = int(peeking) + int(polling)  # the reads' replies: an error there is handled below
+        for reply in replies[: len(replies) - tail]:
             if isinstance(reply, Exception):
                 raise reply
         self.outputs.delivered(finished)
         self._decode_rate.add(sum(len(o.new_token_ids) for o in outputs))
         if polling:
             self.intake.take_read(replies[-1])
+        if peeking:  # room left after our own queue: take from the model's shared stream
+            self.intake.steal(replies[-1 - int(polling)])
 
     # -- state, for the heartbeat -----------------------------------------------------------------
     def state(self) -> WorkerState:

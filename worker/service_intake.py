@@ -12,6 +12,13 @@ that drops it forgets it (`cancel`, `discard`). An entry is acknowledged and del
 request's last event is written. A queue or group that vanished (deleted by hand, or a Redis that restarted
 empty) is made again. What was held across an outage is the ledger's
 (`worker.ledger`); the step's own reads and acks ride in the service's pipeline (`add_read`, `add_acks`).
+
+Work stealing: requests for this worker's model that no worker could take when they came wait on the
+model's shared stream `lg:mq:{model}` (`contracts.model_queue`). Whenever this worker has room left after
+reading its own queue, it moves the oldest of them onto its own queue (`request_record.MOVE`: atomic, and
+a no-op for an entry another worker moved first), where the next read takes them as if they had been
+routed here: a worker that just started (scale from zero or up) gets load at once, and a request never
+waits on the shared stream while some worker of its model has room. A draining worker takes none.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
-from loragate import contracts
+from loragate import contracts, request_record
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import Request, RequestOutput
 from worker.engine import LLMEngine
@@ -51,8 +58,12 @@ class Intake:
         max_waiting: int,
         traced: bool,
         compile_fn: CompileFn | None = None,
+        model: str | None = None,
     ):
         self.redis, self.worker_id, self.queue = r, worker_id, contracts.queue(worker_id)
+        # The model's shared stream this worker steals from (None: only its own queue).
+        self.shared = contracts.model_queue(model) if model else None
+        self.stolen = 0  # entries moved here from the shared stream
         self.engine, self.registry, self.ledger = engine, registry, ledger
         self.max_waiting = max_waiting
         self.traced = traced  # keep a timeline of each request, for its spans
@@ -112,6 +123,35 @@ class Intake:
             contracts.WORKER_GROUP, self.worker_id, {self.queue: ">"}, count=self.room(), block=None
         )
         return True
+
+    def add_peek(self, pipe: Pipeline) -> bool:
+        """The oldest entries of the model's shared stream, as many as there is room for, on `pipe` (True
+        if added); its reply goes to `steal` once the step's own read is started."""
+        if self.shared is None or self.room() <= 0:
+            return False
+        pipe.xrange(self.shared, count=self.room())
+        return True
+
+    def steal(self, peeked: Any = None) -> int:
+        """Move shared-stream entries (`peeked`, an `XRANGE` reply, or read now) onto this worker's own
+        queue, no more than its room; returns how many moved. The next read starts them."""
+        if self.shared is None or (room := self.room()) <= 0:
+            return 0
+        if peeked is None:
+            peeked = self.redis.xrange(self.shared, count=room)
+        if not peeked or isinstance(peeked, Exception):
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for raw_id, fields in peeked[:room]:
+            raw = fields.get(contracts.QUEUE_FIELD_BYTES) if fields else None
+            if raw is None:
+                continue
+            rid = QueuedRequest.from_json(raw).request_id
+            keys = (self.shared, self.queue, contracts.request_record(rid))
+            pipe.eval(request_record.MOVE, 3, *keys, raw_id, raw, contracts.WORKER_GROUP)
+        moved = sum(1 for entry in pipe.execute() if entry)
+        self.stolen += moved
+        return moved
 
     def take_read(self, reply: Any) -> None:
         """Start what an `add_read` read (its reply may be the error of a queue that vanished)."""

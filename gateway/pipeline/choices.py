@@ -69,7 +69,7 @@ def plan_choices(
     ctx: GatewayContext, request: Request, call: Call, resolved: Resolved, items: Sequence[Any], n: int
 ) -> list[ChoicePlan]:
     """Every choice of the request, in answer order: each prompt tokenized (and refused) on its own."""
-    tok = ctx.tokenizers.get(resolved.worker_state.model_dir)
+    tok = ctx.tokenizers.get(resolved.model_dir)
     calls = [call] if call.chat else [replace(call, body={**call.body, "prompt": item}) for item in items]
     prompts = [tokenize(ctx, c, resolved) for c in calls]
     base = make_job(ctx, request, call, resolved, prompts[0])  # the client's id, once for all

@@ -47,7 +47,9 @@ class OutputReader:
             try:
                 event = await self.events.get(min(LIVENESS_S, remaining))
             except TimeoutError:
-                if not self.ctx.fleet.serving(self.base):
+                if not self.ctx.fleet.serving(self.base) and not self.ctx.settings.model_queue_max:
+                    # (With the model's shared stream on, it waits there, or is put there by a reaper,
+                    # for a worker to start, until `timeout`.)
                     raise no_worker(self.base, "any more") from None
                 continue
             if event.finish_reason != "abort":

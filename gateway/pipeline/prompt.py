@@ -29,7 +29,7 @@ class Prompt:
 def tokenize(ctx: GatewayContext, call: Call, resolved: Resolved) -> Prompt:
     text: str | None
     with span(ctx.tracer, "tokenize") as tokenize_span:
-        tok = ctx.tokenizers.get(resolved.worker_state.model_dir)
+        tok = ctx.tokenizers.get(resolved.model_dir)
         if call.chat:
             messages, shown = tools.prompt_messages(call.messages, call.parsed.tools, tok.tool_format)
             text = tok.render_chat(messages, tools=shown)

@@ -21,7 +21,7 @@ from policies.types import RouteDecision, RouteRequest
 def route_input(job: Job, resolved: Resolved, prompt: Prompt) -> RouteRequest:
     """What routing sees; the block hashes are the same chained, adapter-keyed ones the worker's prefix
     cache uses."""
-    msg, adapter, block_size = job.message, resolved.target.adapter, resolved.worker_state.block_size
+    msg, adapter, block_size = job.message, resolved.target.adapter, resolved.block_size
     return make_route_request(
         request_id=job.request_id,
         tenant=msg.tenant,
@@ -37,8 +37,11 @@ def route_input(job: Job, resolved: Resolved, prompt: Prompt) -> RouteRequest:
     )
 
 
-def route(ctx: GatewayContext, request: RouteRequest, charge: Charge) -> tuple[RouteDecision, Reservation]:
-    """The decision and its reservation; a refusal (503, 429) refunds the admission charge."""
+def route(
+    ctx: GatewayContext, request: RouteRequest, charge: Charge
+) -> tuple[RouteDecision, Reservation | None]:
+    """The decision and its reservation (None: for the model's shared stream); a refusal (503, 429)
+    refunds the admission charge."""
     with span(ctx.tracer, "route") as route_span:
         try:
             decision, reservation = ctx.router.route(request)

@@ -97,7 +97,7 @@ def call(prompt: str = "hi", chat: bool = False, **body: Any) -> Call:
 
 
 def resolved(ctx: GatewayContext) -> Resolved:
-    return Resolved(Target(BASE, None), None, tuple(ctx.fleet.serving(BASE)))
+    return Resolved.of(Target(BASE, None), None, tuple(ctx.fleet.serving(BASE)))
 
 
 def prompt(tokens: int = 40, max_tokens: int = 8) -> Prompt:

@@ -34,7 +34,7 @@ def test_a_served_base_resolves_with_its_workers(redis_url: str) -> None:
         got = await resolve(ctx, call())
         assert got.target.base == BASE and got.alias is None and got.target.adapter is None
         assert sorted(w.state.worker_id for w in got.serving) == sorted(WORKERS)
-        assert got.max_model_len == 2048 and got.worker_state.model == BASE
+        assert got.max_model_len == 2048 and got.serving[0].state.model == BASE
 
     run(redis_url, body)
 

@@ -1,0 +1,113 @@
+"""Scale from zero through the model's shared stream (`model_queue_max`): with no worker live, a request
+for a known model waits on `lg:mq:{model}` instead of getting 503; the first worker to start takes it
+and the client gets its answer. The stream is bounded (429 beyond), and a client that leaves while its
+request waits there takes it off the stream (no worker runs it for nobody)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import redis
+
+from loragate import contracts
+from loragate.messages import OutputEvent
+from tests.e2e.stack import Stack
+from tests.redis_process import redis_process
+from worker.modelzoo.make import ZooPaths
+
+KEY = {"Authorization": "Bearer sk-test-alice"}
+BODY = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 5, "temperature": 0}
+
+
+def wait_for(check: object, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def no_workers(stack: Stack) -> bool:
+    return bool(httpx.get(f"{stack.url}/health", timeout=5).json()["workers"] == 0)
+
+
+def test_requests_wait_for_the_first_worker_and_the_stream_is_bounded(zoo: ZooPaths, tmp_path: Path) -> None:
+    with redis_process(persistent=False) as server:
+        r = redis.Redis.from_url(server.url, socket_timeout=10)
+        stack = Stack(zoo, server.url, tmp_path, model_queue_max=2)
+        shared = contracts.model_queue("tiny")
+        try:
+            stack.start_worker("w1")
+            stack.start_gateway()
+            stack.wait_ready(workers=1)
+            first = httpx.post(f"{stack.url}/v1/completions", json=BODY, headers=KEY, timeout=30)
+            assert first.status_code == 200, first.text
+            stack.kill_worker("w1")
+            wait_for(lambda: no_workers(stack), "w1's heartbeat to lapse")
+
+            answers: dict[str, httpx.Response] = {}
+
+            def ask(name: str, stream: bool) -> None:
+                body = {**BODY, "stream": stream}
+                answers[name] = httpx.post(f"{stack.url}/v1/completions", json=body, headers=KEY, timeout=120)
+
+            waiting = [threading.Thread(target=ask, args=(n, n == "b"), daemon=True) for n in ("a", "b")]
+            for i, t in enumerate(waiting):
+                t.start()
+                wait_for(lambda i=i: r.xlen(shared) > i, "the request on the shared stream")
+            assert r.xlen(shared) == 2 and not answers  # both wait: no 503
+            full = httpx.post(f"{stack.url}/v1/completions", json=BODY, headers=KEY, timeout=30)
+            assert full.status_code == 429, full.text
+            assert full.json()["error"]["code"] == "overloaded" and full.headers["retry-after"]
+
+            stack.start_worker("w2")  # the cold start: it takes both from the stream
+            for t in waiting:
+                t.join(120)
+            assert answers["a"].status_code == 200, answers["a"].text
+            assert answers["a"].headers["x-loragate-worker"] == "w2"
+            assert answers["a"].json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+            assert answers["b"].status_code == 200 and "data: [DONE]" in answers["b"].text
+            assert r.xlen(shared) == 0
+        finally:
+            stack.stop()
+            r.close()
+
+
+def test_a_client_that_leaves_takes_its_request_off_the_shared_stream(zoo: ZooPaths, tmp_path: Path) -> None:
+    with redis_process(persistent=False) as server:
+        r = redis.Redis.from_url(server.url, socket_timeout=10)
+        stack = Stack(zoo, server.url, tmp_path, model_queue_max=4)
+        shared = contracts.model_queue("tiny")
+        try:
+            stack.start_worker("w1")
+            stack.start_gateway()
+            stack.wait_ready(workers=1)
+            stack.kill_worker("w1")
+            wait_for(lambda: no_workers(stack), "w1's heartbeat to lapse")
+            rid = contracts.scoped_request_id("alice", "leaves-1")
+
+            def leave() -> None:  # no byte comes while it waits: the read timeout closes the connection
+                headers = {**KEY, "X-Request-Id": "leaves-1"}
+                with contextlib.suppress(httpx.ReadTimeout):
+                    body = {**BODY, "stream": True}
+                    limit = httpx.Timeout(30, read=3)
+                    httpx.post(f"{stack.url}/v1/completions", json=body, headers=headers, timeout=limit)
+
+            client = threading.Thread(target=leave, daemon=True)
+            client.start()
+            wait_for(lambda: r.xlen(shared) == 1, "the request on the shared stream")
+            client.join(30)
+            wait_for(lambda: r.xlen(shared) == 0, "the cancel to take it off the stream")
+            stack.start_worker("w2")
+            stack.wait_ready(workers=1)
+            time.sleep(1.0)  # a worker that took it would be streaming tokens by now
+            events = [OutputEvent.from_json(f[b"e"]) for _, f in r.xrange(contracts.output(rid))]
+            assert [e.finish_reason for e in events] == ["abort"] and not events[0].token_ids
+        finally:
+            stack.stop()
+            r.close()
