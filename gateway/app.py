@@ -37,6 +37,7 @@ from gateway.read_limits import ReadLimits
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
 from gateway.routing import Router
+from gateway.scaling_api import ScalingRoutes
 from gateway.settings import GatewaySettings
 from gateway.tokenize import TokenizerStore
 from gateway.tokenize_api import TokenizeRoutes
@@ -168,9 +169,10 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(ctx().metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    o, a, p, t = OpenAIRoutes, AdminRoutes, PolicyRoutes, TokenizeRoutes
+    o, a, p, t, sc = OpenAIRoutes, AdminRoutes, PolicyRoutes, TokenizeRoutes, ScalingRoutes
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/ready", bind(sc, "ready"), methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         Route("/v1/models", bind(o, "models"), methods=["GET"]),
@@ -180,6 +182,7 @@ def create_app(settings: GatewaySettings, span_exporter: SpanExporter | None = N
         Route("/tokenize", bind(t, "tokenize"), methods=["POST"]),
         Route("/detokenize", bind(t, "detokenize"), methods=["POST"]),
         Route("/admin/workers", bind(a, "workers"), methods=["GET"]),
+        Route("/admin/models/{model}/demand", bind(sc, "demand"), methods=["GET"]),
         Route("/admin/adapters", bind(a, "list_adapters"), methods=["GET"]),
         Route("/admin/adapters/{base}/{name}", bind(a, "put_adapter"), methods=["PUT"]),
         Route("/admin/adapters/{base}/{name}", bind(a, "delete_adapter"), methods=["DELETE"]),

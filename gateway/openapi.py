@@ -87,6 +87,15 @@ def _api_paths() -> dict[str, Any]:
                 None,
             )
         },
+        "/ready": {
+            "get": _op(
+                "ready",
+                "Readiness: 200 while Redis answers (with or without workers: scale to zero), else 503.",
+                _ANY_OK,
+                {503},
+                None,
+            )
+        },
         "/metrics": {
             "get": _op(
                 "metrics",
@@ -186,6 +195,16 @@ def _admin_paths() -> dict[str, Any]:
     }
     return {
         "/admin/workers": {"get": _admin("listWorkers", "The fleet's workers and their queues.", _ANY_OK)},
+        "/admin/models/{model}/demand": {
+            "get": _admin(
+                "modelDemand",
+                "A base model's outstanding requests (its workers' queues + its shared stream): the "
+                "autoscaling signal.",
+                _ANY_OK,
+                {404},
+                params=_path_params("model"),
+            )
+        },
         "/admin/adapters": {"get": _admin("listAdapters", "The adapter registry.", _ANY_OK)},
         "/admin/adapters/{base}/{name}": {
             "put": _admin(

@@ -1,7 +1,8 @@
 """Scale from zero through the model's shared stream (`model_queue_max`): with no worker live, a request
 for a known model waits on `lg:mq:{model}` instead of getting 503; the first worker to start takes it
 and the client gets its answer. The stream is bounded (429 beyond), and a client that leaves while its
-request waits there takes it off the stream (no worker runs it for nobody)."""
+request waits there takes it off the stream (no worker runs it for nobody). Meanwhile the gateway stays
+ready (`/ready`) and reports the model's demand for workers (`/admin/models/{model}/demand`)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import redis
 
 from loragate import contracts
 from loragate.messages import OutputEvent
-from tests.e2e.stack import Stack
+from tests.e2e.stack import ADMIN_TOKEN, Stack
 from tests.redis_process import redis_process
 from worker.modelzoo.make import ZooPaths
 
 KEY = {"Authorization": "Bearer sk-test-alice"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 BODY = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 5, "temperature": 0}
 
 
@@ -34,6 +36,13 @@ def wait_for(check: object, what: str, timeout: float = 30.0) -> None:
 
 def no_workers(stack: Stack) -> bool:
     return bool(httpx.get(f"{stack.url}/health", timeout=5).json()["workers"] == 0)
+
+
+def demand(stack: Stack) -> dict[str, int]:
+    """The model's demand as an autoscaler reads it (`/admin/models/{model}/demand`)."""
+    got = httpx.get(f"{stack.url}/admin/models/tiny/demand", headers=ADMIN, timeout=10)
+    assert got.status_code == 200, got.text
+    return {k: v for k, v in got.json().items() if k != "model"}
 
 
 def test_requests_wait_for_the_first_worker_and_the_stream_is_bounded(zoo: ZooPaths, tmp_path: Path) -> None:
@@ -61,6 +70,8 @@ def test_requests_wait_for_the_first_worker_and_the_stream_is_bounded(zoo: ZooPa
                 t.start()
                 wait_for(lambda i=i: r.xlen(shared) > i, "the request on the shared stream")
             assert r.xlen(shared) == 2 and not answers  # both wait: no 503
+            assert demand(stack) == {"workers": 0, "outstanding": 0, "waiting_for_worker": 2, "demand": 2}
+            assert httpx.get(f"{stack.url}/ready", timeout=10).status_code == 200  # in its Service
             full = httpx.post(f"{stack.url}/v1/completions", json=BODY, headers=KEY, timeout=30)
             assert full.status_code == 429, full.text
             assert full.json()["error"]["code"] == "overloaded" and full.headers["retry-after"]
@@ -73,6 +84,8 @@ def test_requests_wait_for_the_first_worker_and_the_stream_is_bounded(zoo: ZooPa
             assert answers["a"].json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
             assert answers["b"].status_code == 200 and "data: [DONE]" in answers["b"].text
             assert r.xlen(shared) == 0
+            wait_for(lambda: demand(stack)["outstanding"] == 0, "the finished requests' acks")
+            assert demand(stack) == {"workers": 1, "outstanding": 0, "waiting_for_worker": 0, "demand": 0}
         finally:
             stack.stop()
             r.close()
