@@ -66,16 +66,24 @@ return redis.call('HGET', KEYS[1], '{FP}') or ''
 """
 )
 
+# queue(record, queue, message, fp, ttl): queue the message, the record naming it; returns the entry id.
+_QUEUE = f"""
+local function queue(record, stream, message, fp, ttl)
+    local entry = redis.call('XADD', stream, '*', '{contracts.QUEUE_FIELD}', message)
+    redis.call('HSET', record, '{FP}', fp, '{QUEUE}', stream, '{ENTRY}', entry)
+    redis.call('EXPIRE', record, ttl)
+    return entry
+end
+"""
+
 _ENQUEUE = (
     _LIVE
-    + f"""
+    + _QUEUE
+    + """
 if live(KEYS[1], KEYS[2]) then
     return false
 end
-local entry = redis.call('XADD', KEYS[3], '*', '{contracts.QUEUE_FIELD}', ARGV[1])
-redis.call('HSET', KEYS[1], '{FP}', ARGV[2], '{QUEUE}', KEYS[3], '{ENTRY}', entry)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return entry
+return queue(KEYS[1], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
 """
 )
 
@@ -83,7 +91,8 @@ return entry
 # consumer group (ARGV[5]) is made with it, so `cancel` finds an entry that no worker took unread.
 _ENQUEUE_SHARED = (
     _LIVE
-    + f"""
+    + _QUEUE
+    + """
 if live(KEYS[1], KEYS[2]) then
     return false
 end
@@ -91,10 +100,7 @@ if redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[4]) then
     return -1
 end
 pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[5], '0', 'MKSTREAM')
-local entry = redis.call('XADD', KEYS[3], '*', '{contracts.QUEUE_FIELD}', ARGV[1])
-redis.call('HSET', KEYS[1], '{FP}', ARGV[2], '{QUEUE}', KEYS[3], '{ENTRY}', entry)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return entry
+return queue(KEYS[1], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
 """
 )
 SHARED_FULL = -1  # `enqueue_shared`'s reply when the model's shared stream is at its bound
@@ -114,17 +120,17 @@ redis.call('PUBLISH', ARGV[5], ARGV[1])
 return 0
 """
 
-_REVIVE = f"""
+_REVIVE = (
+    _QUEUE
+    + """
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
 if #last == 0 or last[1][1] ~= ARGV[1] then
     return false
 end
 redis.call('XDEL', KEYS[2], ARGV[1])
-local entry = redis.call('XADD', KEYS[3], '*', '{contracts.QUEUE_FIELD}', ARGV[2])
-redis.call('HSET', KEYS[1], '{FP}', ARGV[3], '{QUEUE}', KEYS[3], '{ENTRY}', entry)
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return entry
+return queue(KEYS[1], KEYS[3], ARGV[2], ARGV[3], ARGV[4])
 """
+)
 
 ABORTED = OutputEvent(finish_reason="abort").to_json()  # what the worker would have written
 
