@@ -242,6 +242,10 @@ def test_a_drain_while_redis_is_down_leaves_a_compiling_request_pending(zoo: Zoo
         try:
             enqueue(client, guided("kept", 1))
             wait_for(lambda: "kept" in service.intake.compiles, "the compile")
+            # The crash must not take the entry with it: with `appendfsync everysec` Redis may hold the
+            # last second's writes in memory, so crash only once the read (an XCLAIM) is in the file.
+            log = server.dir / "appendonly.aof"
+            wait_for(lambda: log.exists() and b"XCLAIM" in log.read_bytes(), "the read entry in the AOF")
             server.kill()
             time.sleep(0.5)  # the worker is in its outage loop now
             service.drain()
