@@ -19,20 +19,12 @@ from loragate import contracts
 from loragate.messages import OutputEvent
 from tests.e2e.stack import ADMIN_TOKEN, Stack
 from tests.redis_process import redis_process
+from tests.waiting import wait_for
 from worker.modelzoo.make import ZooPaths
 
 KEY = {"Authorization": "Bearer sk-test-alice"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 BODY = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 5, "temperature": 0}
-
-
-def wait_for(check: object, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def no_workers(stack: Stack) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,6 +21,7 @@ from loragate.messages import QueuedRequest
 from loragate.redis_url import connect_sync
 from loragate.types import Request, SamplingParams
 from tests.redis_process import redis_process
+from tests.waiting import wait_for
 from tests.worker.test_service import collect, enqueue, prompt, running
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
@@ -65,13 +66,6 @@ def gated_service(
 
 def guided(rid: str, seed: int, guide: str = CHOICE) -> QueuedRequest:
     return QueuedRequest(rid, "tiny", prompt(seed), SamplingParams(max_tokens=20, seed=seed, guide=guide))
-
-
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def pending(r: redis.Redis) -> int:
