@@ -36,13 +36,14 @@ from gateway.policy_store import PolicyHolder, PolicyStore
 from gateway.read_limits import ReadLimits
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
+from gateway.relay_cluster import ClusterOutputMux
 from gateway.routing import Router
 from gateway.scaling_api import ScalingRoutes
 from gateway.settings import GatewaySettings
 from gateway.tokenize import TokenizerStore
 from gateway.tokenize_api import TokenizeRoutes
 from loragate.redis_retry import is_outage
-from loragate.redis_url import connect_async
+from loragate.redis_url import connect_async, is_cluster
 from loragate.tracing import make_provider
 from policies.default_policy import DEFAULT_POLICY
 from policies.document import Policy, parse_policy
@@ -86,7 +87,11 @@ async def gateway_context(
             raise
         log.warning("Redis is unreachable at start-up (%r); serving 503 until it is back", e)
     fleet.start()
-    mux = OutputMux(settings.redis_url, r)
+    mux: OutputMux | ClusterOutputMux = (
+        ClusterOutputMux(settings.redis_url, r)
+        if is_cluster(settings.redis_url)
+        else OutputMux(settings.redis_url, r)
+    )
     await mux.start()
     reaper = Reaper(r, fleet, f"reaper-{settings.gateway_id}", shared_queue=settings.model_queue_max > 0)
     reaper.start()
@@ -94,7 +99,7 @@ async def gateway_context(
         PolicyStore(r), parse_policy, DEFAULT_POLICY, settings.redis_url
     )
     await holder.start()
-    kv_events = KVEventFollower(settings.redis_url, fleet.state.index)
+    kv_events = KVEventFollower(settings.redis_url, r, fleet.state.index)
     kv_events.start()
     metrics = GatewayMetrics(fleet)
     decisions = DecisionLog(r, metrics)

@@ -20,6 +20,7 @@ from gateway.model_catalog import ModelCatalog
 from gateway.policy_store import PolicyHolder
 from gateway.reaper import Reaper
 from gateway.relay import OutputMux
+from gateway.relay_cluster import ClusterOutputMux
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.tokenize import TokenizerStore
@@ -33,7 +34,7 @@ class GatewayContext:
     fleet: Fleet
     catalog: ModelCatalog
     auth: Authenticator
-    mux: OutputMux
+    mux: OutputMux | ClusterOutputMux
     reaper: Reaper
     tokenizers: TokenizerStore
     policy: PolicyHolder[Policy]

@@ -26,7 +26,14 @@ import redis.asyncio as aioredis
 
 from loragate import contracts
 from loragate.messages import WorkerState
-from loragate.redis_retry import RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
+from loragate.redis_retry import (
+    RESYNC_GRACE_S,
+    Backoff,
+    OutageLog,
+    fleet_server_info,
+    is_outage,
+    server_run_id,
+)
 from policies.routing_state import RoutingState, WorkerView
 
 log = logging.getLogger("loragate.gateway")
@@ -61,7 +68,7 @@ class Fleet:
 
     async def refresh(self) -> None:
         try:
-            info = await self.redis.info("server")
+            info = await fleet_server_info(self.redis)
         except Exception as e:
             self._down = self._down or is_outage(e)
             raise
@@ -83,13 +90,16 @@ class Fleet:
         names = [k async for k in self.redis.scan_iter(match=contracts.WORKER_STATE_PATTERN, count=1000)]
         views: dict[str, WorkerView] = {}
         if names:
-            raw = await self.redis.mget(names)
-            states = [WorkerState.from_json(v) for v in raw if v is not None]
+            # Each heartbeat with its queue's length (a pipeline, not MGET: on a cluster they span slots).
             pipe = self.redis.pipeline(transaction=False)
-            for s in states:
-                pipe.xlen(contracts.queue(s.worker_id))
-            lengths = await pipe.execute()
-            views = {s.worker_id: WorkerView(s, int(n)) for s, n in zip(states, lengths, strict=True)}
+            for name in names:
+                pipe.get(name)
+                pipe.xlen(contracts.queue(*contracts.of_worker_key(_text(name))))
+            replies = await pipe.execute()
+            for raw, length in zip(replies[::2], replies[1::2], strict=True):
+                if raw is not None:
+                    s = WorkerState.from_json(raw)
+                    views[s.worker_id] = WorkerView(s, int(length))
         # While recovering, workers seen before the outage are still re-announcing, presumably.
         self.state.observe(views, mark, keep_missing=self.recovering)
         self.refreshed.set()
@@ -123,3 +133,7 @@ class Fleet:
 
     def models(self) -> dict[str, WorkerState]:
         return self.state.models()
+
+
+def _text(key: bytes | str) -> str:
+    return key.decode() if isinstance(key, bytes) else key

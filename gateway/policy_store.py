@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from loragate import contracts
 from loragate.redis_retry import Backoff, OutageLog, is_outage
-from loragate.redis_url import async_options
+from loragate.redis_url import connect_pubsub
 
 log = logging.getLogger("loragate.gateway")
 P = TypeVar("P")
@@ -44,11 +44,11 @@ class PolicyStore:
     async def put(self, document: dict[str, Any], note: str = "") -> int:
         version = int(await self.redis.incr(contracts.POLICY_SEQ))
         entry = {"version": version, "document": document, "created_at": time.time(), "note": note}
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = self.redis.pipeline(transaction=True)  # both keys in the slot of the tag `{policy}`
         pipe.hset(contracts.POLICY, str(version), json.dumps(entry))
         pipe.set(contracts.POLICY_ACTIVE, version)
-        pipe.publish(contracts.POLICY_CHANGED, "active")
         await pipe.execute()
+        await self.redis.publish(contracts.POLICY_CHANGED, "active")  # gateways also poll every second
         return version
 
     async def history(self) -> list[dict[str, Any]]:
@@ -129,7 +129,7 @@ class PolicyHolder(Generic[P]):
 
     async def _listen(self) -> None:
         backoff, outage = Backoff(), OutageLog(log, "policy listener")
-        client = aioredis.Redis.from_url(self._redis_url, **async_options(self._redis_url))
+        client = connect_pubsub(self._redis_url)
         try:
             while True:
                 pubsub = client.pubsub()

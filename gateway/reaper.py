@@ -101,7 +101,7 @@ class Reaper:
         moved = 0
         async for raw_key in self.redis.scan_iter(match=contracts.QUEUE_PATTERN, count=1000):
             key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
-            if contracts.worker_id_of_queue(key) not in self.fleet.workers:
+            if contracts.of_worker_key(key)[1] not in self.fleet.workers:
                 moved += await self._drain(key)
         self.rerouted += moved
         return moved
@@ -133,12 +133,14 @@ class Reaper:
         if not entries:
             # Atomically: only while the queue is empty and its worker still has no heartbeat (a starting
             # worker beats before it makes its queue).
-            state = contracts.worker_state(contracts.worker_id_of_queue(queue))
+            state = contracts.worker_state(*contracts.of_worker_key(queue))
             await self.redis.eval(_DELETE_IF_ABANDONED, 2, queue, state)
         return moved
 
     async def _reroute(self, queue: str, entry_id: bytes, msg: QueuedRequest) -> bool:
-        streamed, _, done = streamed_so_far(await self.redis.xrange(contracts.output(msg.request_id)))
+        streamed, _, done = streamed_so_far(
+            await self.redis.xrange(contracts.output(msg.model, msg.request_id))
+        )
         if done:  # only its ack was lost
             pipe = self.redis.pipeline(transaction=False)
             pipe.xack(queue, contracts.WORKER_GROUP, entry_id)
@@ -153,7 +155,7 @@ class Reaper:
             target = contracts.model_queue(msg.model)
             await ensure_group(self.redis, target)
         else:
-            target = contracts.queue(worker.state.worker_id)
+            target = contracts.queue(msg.model, worker.state.worker_id)
         # One script: queue the copy, point the request's record at it, drop the old entry — only if the
         # old entry is still there, so a retried call (its reply lost) or another reaper adds no second copy.
         entry = await self.redis.eval(
@@ -161,7 +163,7 @@ class Reaper:
             3,
             queue,
             target,
-            contracts.request_record(msg.request_id),
+            contracts.request_record(msg.model, msg.request_id),
             entry_id,
             moved.to_json(),
             contracts.WORKER_GROUP,

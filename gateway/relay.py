@@ -10,9 +10,11 @@ Several handlers may relay the same stream (a client's retry arrives while the h
 is still there): each has its own channel and position, the read starts at the earliest of them, and
 each channel gets only the entries after its own position.
 
-An `EventChannel` is what a request handler reads. It is on the TTFT and per-token path, so it is leaner
-than `asyncio.Queue` behind `asyncio.wait_for` (which wraps every wait in a new Task): an event that has
-already arrived is returned without suspending, and a wait costs one future and one timer.
+An `EventChannel` (`gateway.event_channel`) is what a request handler reads.
+
+Redis Cluster: one `XREAD` may only name keys of one slot, and a blocked read and its `CLIENT UNBLOCK` must
+be on the same node. `ClusterOutputMux` keeps an `OutputMux` per base model (every output stream of a model
+is in its hash tag's slot), each on its own connections to the node that owns that slot.
 
 Redis outages. The reader retries with backoff and, once Redis answers again, takes the new connection's
 `CLIENT ID` (for the wake-ups) and looks whether the server restarted. Workers write again the events a
@@ -29,11 +31,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import deque
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
+from gateway.event_channel import EventChannel, entry_order
 from loragate import contracts
 from loragate.messages import OutputEvent
 from loragate.redis_retry import OUTAGE_ERRORS, RESYNC_GRACE_S, Backoff, OutageLog, is_outage, server_run_id
@@ -42,82 +44,23 @@ from loragate.redis_url import connect_async_single
 log = logging.getLogger("loragate.gateway")
 
 
-class ClientGone(Exception):
-    """The client of this channel's request disconnected."""
-
-
-class EventChannel:
-    """One request's output events, in order: the relay puts, the request's handler gets."""
-
-    __slots__ = ("_events", "_gone", "_waiter", "last_id", "tokens")
-
-    def __init__(self, last_id: str = "0"):
-        self.last_id = last_id  # the stream entry id read last
-        self.tokens = 0  # the request's completion tokens relayed so far
-        self._events: deque[OutputEvent] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._gone = False
-
-    def put(self, event: OutputEvent) -> None:
-        if event.token_ids:
-            if event.completion_tokens <= self.tokens:
-                return  # written again after a Redis outage: already relayed
-            self.tokens = event.completion_tokens
-        self._events.append(event)
-        self._wake()
-
-    def client_gone(self) -> None:
-        """Make the pending and every later `get` raise `ClientGone`."""
-        self._gone = True
-        self._wake()
-
-    @property
-    def gone(self) -> bool:
-        """Whether the client of this channel's request disconnected."""
-        return self._gone
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def __len__(self) -> int:
-        return len(self._events)
-
-    async def get(self, timeout: float) -> OutputEvent:
-        """The next event; `TimeoutError` if none comes within `timeout` seconds. Events that arrived
-        before the client left are still handed out (the last of them may finish the request); then
-        `ClientGone`."""
-        if not self._events and not self._gone:
-            loop = asyncio.get_running_loop()
-            self._waiter = waiter = loop.create_future()
-            timer = loop.call_later(timeout, _expire, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        if self._events:
-            return self._events.popleft()
-        if self._gone:
-            raise ClientGone()
-        raise TimeoutError()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _entry_id(raw: str) -> tuple[int, int]:
-    """A stream entry id ("ms-seq", or "0") as a comparable pair."""
-    ms, _, seq = raw.partition("-")
-    return int(ms), int(seq or 0)
-
-
 class OutputMux:
-    def __init__(self, redis_url: str, control: aioredis.Redis, block_ms: int = 1000, batch: int = 256):
+    """The relay of one Redis server (or, on a cluster, of one slot: `queue_patterns` then name that slot's
+    queues, and `control` is a client of the node that owns it)."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        control: aioredis.Redis,
+        block_ms: int = 1000,
+        batch: int = 256,
+        queue_patterns: tuple[str, ...] = contracts.queue_patterns(),
+        unblock_in_pipe: bool = True,
+    ):
         self._reader = connect_async_single(redis_url)
         self._control = control
+        # Where `_fail_lost` looks for queued requests; whether a caller's pipeline reaches this server.
+        self.queue_patterns, self.unblock_in_pipe = queue_patterns, unblock_in_pipe
         self.block_ms, self.batch = block_ms, batch
         self.subs: dict[str, list[EventChannel]] = {}  # output stream key -> the channels relaying it
         self._wake = asyncio.Event()
@@ -129,6 +72,7 @@ class OutputMux:
         self._run_id: str | None = None  # the Redis server process last seen
         self._check: asyncio.Task[None] | None = None
         self.lost = 0  # waiting requests failed because a restarted Redis had lost them
+        self.failing = False  # the last read failed (Redis away; on a cluster perhaps the slot moved)
 
     async def start(self) -> None:
         with contextlib.suppress(*OUTAGE_ERRORS):  # Redis down: the loop connects once it is back
@@ -154,36 +98,38 @@ class OutputMux:
         self._run_id, self._stale = run_id, False
 
     async def subscribe(
-        self, request_id: str, from_id: str = "0", pipe: Pipeline | None = None
+        self, model: str, request_id: str, from_id: str = "0", pipe: Pipeline | None = None
     ) -> EventChannel:
-        """Relay `lg:out:{request_id}` from after `from_id` to a new channel. With `pipe`, the reader's
-        wake-up goes out with that pipeline (queue the request on it after this call)."""
+        """Relay the request's output stream from after `from_id` to a new channel. With `pipe`, the
+        reader's wake-up goes out with that pipeline (queue the request on it after this call)."""
         channel = EventChannel(from_id)
-        await self.resume(request_id, channel, pipe)
+        await self.resume(model, request_id, channel, pipe)
         return channel
 
-    async def resume(self, request_id: str, channel: EventChannel, pipe: Pipeline | None = None) -> None:
+    async def resume(
+        self, model: str, request_id: str, channel: EventChannel, pipe: Pipeline | None = None
+    ) -> None:
         """Relay to `channel` again, from after its `last_id` (it was dropped after a last event).
         Without `pipe` the wake-up is awaited here; if that fails or is cancelled, the channel is not
         left subscribed."""
-        key = contracts.output(request_id)
+        key = contracts.output(model, request_id)
         self.subs.setdefault(key, []).append(channel)
         self._wake.set()
         if self._blocked and not self._unblocking and self._reader_id is not None:
             self._unblocking = True  # one unblock per pending read, however many streams open meanwhile
-            if pipe is not None:
+            if pipe is not None and self.unblock_in_pipe:
                 pipe.execute_command("CLIENT", "UNBLOCK", self._reader_id)
                 return
             try:
                 await self._control.execute_command("CLIENT", "UNBLOCK", self._reader_id)
             except BaseException:
                 self._unblocking = False
-                self.unsubscribe(request_id, channel)
+                self.unsubscribe(model, request_id, channel)
                 raise
 
-    def unsubscribe(self, request_id: str, channel: EventChannel) -> None:
+    def unsubscribe(self, model: str, request_id: str, channel: EventChannel) -> None:
         """Stop relaying to `channel` (other channels of the same request keep theirs)."""
-        key = contracts.output(request_id)
+        key = contracts.output(model, request_id)
         channels = self.subs.get(key)
         if channels is not None and channel in channels:
             channels.remove(channel)
@@ -193,7 +139,7 @@ class OutputMux:
     def _positions(self) -> dict[str, str]:
         """Where to read each stream from: the earliest position of its channels."""
         return {
-            k: cs[0].last_id if len(cs) == 1 else min((c.last_id for c in cs), key=_entry_id)
+            k: cs[0].last_id if len(cs) == 1 else min((c.last_id for c in cs), key=entry_order)
             for k, cs in self.subs.items()
         }
 
@@ -208,9 +154,9 @@ class OutputMux:
             for raw_id, fields in entries:
                 entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
                 event = OutputEvent.from_json(fields[contracts.OUTPUT_FIELD_BYTES])
-                position = _entry_id(entry_id) if len(channels) > 1 else None
+                position = entry_order(entry_id) if len(channels) > 1 else None
                 for channel in list(channels):
-                    if position is not None and position <= _entry_id(channel.last_id):
+                    if position is not None and position <= entry_order(channel.last_id):
                         continue  # this channel started later in the stream
                     channel.last_id = entry_id
                     channel.put(event)
@@ -239,6 +185,7 @@ class OutputMux:
                 if not is_outage(e):
                     log.exception("output relay read failed; retrying")
                 outage.failed(e)
+                self.failing = True
                 # The connection's id died with it (a restarted server may give it to another client).
                 self._stale, self._reader_id = True, None
                 await asyncio.sleep(backoff.next())
@@ -247,6 +194,7 @@ class OutputMux:
                 self._blocked = False
             if outage.recovered() is not None:
                 backoff.reset()
+            self.failing = False
             self._dispatch(reply)
 
     async def _fail_lost(self) -> None:
@@ -281,9 +229,11 @@ class OutputMux:
         if not missing:
             return []
         queued: set[str] = set()
-        async for queue in self._control.scan_iter(match=contracts.QUEUE_PATTERN, count=1000):
-            for _, fields in await self._control.xrange(queue):
-                queued.add(contracts.output(json.loads(fields[contracts.QUEUE_FIELD_BYTES])["request_id"]))
+        for pattern in self.queue_patterns:
+            async for queue in self._control.scan_iter(match=pattern, count=1000):
+                for _, fields in await self._control.xrange(queue):
+                    msg = json.loads(fields[contracts.QUEUE_FIELD_BYTES])
+                    queued.add(contracts.output(msg["model"], msg["request_id"]))
         return [key for key in missing if key not in queued]
 
 

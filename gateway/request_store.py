@@ -5,7 +5,7 @@ the request `contracts.scoped_request_id(tenant, id)`, which every Redis key, ca
 use. Two tenants that send the same id get two independent requests; no key can read, attach to or
 cancel another tenant's request, whatever id it sends.
 
-Every queued request has a record `lg:req:{id}` (a fingerprint of what was asked, and where its queue
+Every queued request has a record `lg:req:{model}:id` (a fingerprint of what was asked, and where its queue
 entry is) written with its queue entry by one script, only if the request is not live already (its
 output stream or its queue entry exists): a retry that arrives while its first try is still queued
 attaches to it instead of queueing a second copy (which would fail with "request id already in use" or
@@ -23,8 +23,9 @@ which a worker moves it onto its own queue, pointing the record at the new entry
   tokens the stream already holds. Only the first of several handlers that saw the same abort event
   requeues it; the others go on reading.
 
-The scripts find the queue entry through the record (a key they were not passed), so they need a
-single Redis server, as the output relay's multi-stream `XREAD` does.
+The scripts find the queue entry through the record (a key they were not passed): on Redis Cluster that
+queue is in the same slot, since every key of a request's path carries its base model's hash tag
+(`contracts.slot_tag`); a request never moves to another model's queue.
 """
 
 from __future__ import annotations
@@ -146,17 +147,17 @@ def _text(value: bytes | str | None) -> str | None:
 
 
 class RequestStore:
-    def __init__(self, r: aioredis.Redis, ttl_s: int):
+    def __init__(self, r: aioredis.Redis, ttl_s: int, model: str):
         self.redis, self.ttl_s = r, ttl_s  # ttl_s: a record's lifetime (the request's deadline and more)
+        self.model = model  # the base model: its keys' hash tag
+
+    def _keys(self, request_id: str) -> tuple[str, str]:
+        return contracts.request_record(self.model, request_id), contracts.output(self.model, request_id)
 
     async def exists(self, request_id: str, fp: str) -> bool:
         """Whether the request is live (queued, running, or its output still kept): a retry attaches to
         it. 409 when it was made, with this id, for something else."""
-        known = _text(
-            await self.redis.eval(
-                _LOOKUP, 2, contracts.request_record(request_id), contracts.output(request_id)
-            )
-        )
+        known = _text(await self.redis.eval(_LOOKUP, 2, *self._keys(request_id)))
         if known is None:
             return False
         if known and known != fp:
@@ -173,7 +174,7 @@ class RequestStore:
         """Queue `msg` on `pipe` unless the request exists already; the pipeline's reply for this command
         is the queue entry id, or None when the request was there first (attach to it)."""
         rid = msg.request_id
-        keys_ = (contracts.request_record(rid), contracts.output(rid), contracts.queue(worker_id))
+        keys_ = (*self._keys(rid), contracts.queue(self.model, worker_id))
         pipe.eval(_ENQUEUE, 3, *keys_, msg.to_json(), fp, self.ttl_s)
 
     def enqueue_shared(self, pipe: Pipeline, msg: QueuedRequest, fp: str, bound: int) -> None:
@@ -181,7 +182,7 @@ class RequestStore:
         of that model with room takes it; the reply is `SHARED_FULL` when the stream holds `bound`
         entries already."""
         rid = msg.request_id
-        keys_ = (contracts.request_record(rid), contracts.output(rid), contracts.model_queue(msg.model))
+        keys_ = (*self._keys(rid), contracts.model_queue(self.model))
         pipe.eval(_ENQUEUE_SHARED, 3, *keys_, msg.to_json(), fp, self.ttl_s, bound, contracts.WORKER_GROUP)
 
     async def cancel(self, request_id: str) -> bool:
@@ -190,8 +191,7 @@ class RequestStore:
         dropped = await self.redis.eval(
             _CANCEL,
             2,
-            contracts.request_record(request_id),
-            contracts.output(request_id),
+            *self._keys(request_id),
             request_id,
             ABORTED,
             contracts.OUTPUT_TTL_S,
@@ -207,9 +207,8 @@ class RequestStore:
         entry = await self.redis.eval(
             _REVIVE,
             3,
-            contracts.request_record(rid),
-            contracts.output(rid),
-            contracts.queue(worker_id),
+            *self._keys(rid),
+            contracts.queue(self.model, worker_id),
             abort_entry,
             msg.to_json(),
             fp,

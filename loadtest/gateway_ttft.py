@@ -220,9 +220,9 @@ def measure_stages(base: str, key: str, url: str, model: str, texts: list[str], 
             return next((t for t, c in seen if c.startswith(prefix) and rid in c), None)
 
         # Keys carry the tenant-scoped id (`{tenant tag}/{rid}`): match the command and the client's id.
-        exists = at(f"EXISTS {contracts.output('')}")
-        enqueued = at(f"XADD {contracts.queue('')}")  # in the enqueue script (MONITOR shows its commands)
-        first_event = at(f"XADD {contracts.output('')}")
+        exists = at(f"EXISTS {contracts.PREFIX}:out:")
+        enqueued = at(f"XADD {contracts.PREFIX}:q:")  # in the enqueue script (MONITOR shows its commands)
+        first_event = at(f"XADD {contracts.PREFIX}:out:")
         marks = [sent, exists, enqueued, first_event, first_chunk]
         if all(m is not None for m in marks):
             points = [float(m) for m in marks if m is not None]

@@ -111,7 +111,7 @@ class LoadWorker:
 
     def __init__(self, r: aioredis.Redis, config: LoadWorkerConfig):
         self.redis, self.config = r, config
-        self.queue = contracts.queue(config.worker_id)
+        self.queue = contracts.queue(config.model, config.worker_id)
         self.max_model_len = max_model_len_of(config.model_dir)
         self.active: dict[str, _Sequence] = {}
         self.stats = LoadWorkerStats()
@@ -145,7 +145,7 @@ class LoadWorker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await pubsub.aclose()
-            await self.redis.delete(contracts.worker_state(self.config.worker_id))
+            await self.redis.delete(contracts.worker_state(self.config.model, self.config.worker_id))
 
     def drain(self) -> None:
         self._draining.set()
@@ -193,7 +193,7 @@ class LoadWorker:
         resumable = [m for m in messages if pending or m.attempt > 0]
         pipe = self.redis.pipeline(transaction=False)
         for msg in resumable:
-            pipe.xrange(contracts.output(msg.request_id))
+            pipe.xrange(contracts.output(msg.model, msg.request_id))
         found = dict(zip((m.request_id for m in resumable), await pipe.execute(), strict=True))
         histories = [found.get(m.request_id, []) for m in messages]
         for (entry_id, _), msg, history in zip(entries, messages, histories, strict=True):
@@ -210,8 +210,10 @@ class LoadWorker:
         if msg.deadline and time.time() > msg.deadline:
             error = {"message": "the request's deadline passed while it was queued", "type": "timeout"}
             event = OutputEvent(worker_id=self.config.worker_id, error={**error, "code": None, "status": 504})
-            await self.redis.xadd(contracts.output(msg.request_id), {contracts.OUTPUT_FIELD: event.to_json()})
-            await self.redis.expire(contracts.output(msg.request_id), contracts.OUTPUT_TTL_S)
+            await self.redis.xadd(
+                contracts.output(msg.model, msg.request_id), {contracts.OUTPUT_FIELD: event.to_json()}
+            )
+            await self.redis.expire(contracts.output(msg.model, msg.request_id), contracts.OUTPUT_TTL_S)
             await self._ack([entry_id])
             return
         resumed = len(streamed) or len(msg.resume_token_ids)
@@ -252,7 +254,7 @@ class LoadWorker:
         finished: list[_Sequence] = []
         for seq in due:
             event = seq.next_event(self.config.worker_id)
-            key = contracts.output(seq.message.request_id)
+            key = contracts.output(seq.message.model, seq.message.request_id)
             pipe.xadd(key, {contracts.OUTPUT_FIELD: event.to_json()})
             pipe.expire(key, contracts.OUTPUT_TTL_S)
             self.stats.tokens += len(event.token_ids)
@@ -304,7 +306,7 @@ class LoadWorker:
         )
 
     async def heartbeat(self) -> None:
-        key = contracts.worker_state(self.config.worker_id)
+        key = contracts.worker_state(self.config.model, self.config.worker_id)
         # Waiting, as a real worker reports it: requests it holds but does not run (here: still unread).
         waiting = max(0, await self.redis.xlen(self.queue) - len(self.active))
         await self.redis.set(key, self.state(waiting).to_json(), ex=contracts.HEARTBEAT_TTL_S)

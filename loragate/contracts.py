@@ -1,5 +1,5 @@
 """Every cross-process contract, in one place (see docs/DESIGN.md): Redis key names and patterns, stream
-field names, TTLs, the KV/adapter event types on `lg:events:{worker}`, and the adapter tiers.
+field names, TTLs, the KV/adapter event types on `lg:events:{model}:worker`, and the adapter tiers.
 
 Torch-free and dependency-free: the gateway, the policies, the worker and the load tools all import it,
 and no other module spells a key, a stream field or an event type itself.
@@ -14,28 +14,47 @@ from enum import StrEnum
 from typing import Any
 
 PREFIX = "lg"
+# Redis Cluster: the keys that one script or transaction touches share a hash tag (the `{...}` part of the
+# name: Redis Cluster hashes only that), so they live in one slot. The unit is a base model: its workers'
+# queues, heartbeats and KV-event streams, its shared queue, its requests' records and output streams —
+# everything a request's path touches atomically, since a request only ever moves between workers of its
+# model. Models spread over the cluster's shards; policy keys share the tag `{policy}`.
+POLICY_TAG = "{policy}"
 WORKER_GROUP = "workers"  # consumer group on every queue stream
 ADAPTERS = f"{PREFIX}:adapters"  # hash: "{base}:{name}" -> AdapterRecord JSON
 API_KEYS = f"{PREFIX}:keys"  # hash: sha256(api key) -> tenant name
-POLICY = f"{PREFIX}:policy"  # hash: version -> {"version", "document", "created_at"} JSON
-POLICY_ACTIVE = f"{PREFIX}:policy:active"  # the active version number
-POLICY_SEQ = f"{PREFIX}:policy:seq"  # version counter
-POLICY_SHADOW = f"{PREFIX}:policy:shadow"  # a candidate policy document evaluated beside the active one
+POLICY = f"{PREFIX}:{POLICY_TAG}"  # hash: version -> {"version", "document", "created_at"} JSON
+POLICY_ACTIVE = f"{PREFIX}:{POLICY_TAG}:active"  # the active version number
+POLICY_SEQ = f"{PREFIX}:{POLICY_TAG}:seq"  # version counter
+POLICY_SHADOW = f"{PREFIX}:{POLICY_TAG}:shadow"  # a candidate policy document evaluated beside the active one
 POLICY_CHANGED = f"{PREFIX}:policy:changed"  # pub/sub: a new active or shadow policy
 CANCEL = f"{PREFIX}:cancel"  # pub/sub: request ids whose client went away
 
 # Stream entry fields: every stream entry holds one JSON document in one field.
-QUEUE_FIELD = "m"  # lg:q:{worker}: a `QueuedRequest`
-OUTPUT_FIELD = "e"  # lg:out:{request}: an `OutputEvent`
-EVENTS_FIELD = "e"  # lg:events:{worker}: a `KVEvent`
+QUEUE_FIELD = "m"  # lg:q:{model}:worker: a `QueuedRequest`
+OUTPUT_FIELD = "e"  # lg:out:{model}:request: an `OutputEvent`
+EVENTS_FIELD = "e"  # lg:events:{model}:worker: a `KVEvent`
 # ... as redis-py returns them (bytes, unless decode_responses).
 QUEUE_FIELD_BYTES, OUTPUT_FIELD_BYTES = QUEUE_FIELD.encode(), OUTPUT_FIELD.encode()
 EVENTS_FIELD_BYTES = EVENTS_FIELD.encode()
 
 
-def queue(worker_id: str) -> str:
-    """Stream of requests routed to one worker (consumer group `workers`)."""
-    return f"{PREFIX}:q:{worker_id}"
+def slot_tag(model: str) -> str:
+    """The hash tag of a base model's keys. A name with a brace in it would end the tag early (or start
+    another): such names are refused where a worker announces its model (`check_model_name`)."""
+    return "{" + model + "}"
+
+
+def check_model_name(model: str) -> str:
+    """A base model name usable in keys: non-empty, no braces (they delimit the hash tag)."""
+    if not model or "{" in model or "}" in model:
+        raise ValueError(f"model name {model!r}: must be non-empty and hold no '{{' or '}}'")
+    return model
+
+
+def queue(model: str, worker_id: str) -> str:
+    """Stream of requests routed to one worker of `model` (consumer group `workers`)."""
+    return f"{PREFIX}:q:{slot_tag(model)}:{worker_id}"
 
 
 def model_queue(model: str) -> str:
@@ -44,33 +63,45 @@ def model_queue(model: str) -> str:
     its own (`request_record.STEAL`). Its length is the model's unplaced backlog: the autoscaling signal
     (KEDA's redis-streams `streamLength`). Consumer group `workers`, which no one reads: it is there so
     the shared cancel script finds an entry unread."""
-    return f"{PREFIX}:mq:{model}"
+    return f"{PREFIX}:mq:{slot_tag(model)}"
 
 
 MODEL_QUEUE_PATTERN = f"{PREFIX}:mq:*"
 
 
-def output(request_id: str) -> str:
+def output(model: str, request_id: str) -> str:
     """Stream of one request's output events, in order; kept for a while so a client can resume."""
-    return f"{PREFIX}:out:{request_id}"
+    return f"{PREFIX}:out:{slot_tag(model)}:{request_id}"
 
 
-def worker_state(worker_id: str) -> str:
+def worker_state(model: str, worker_id: str) -> str:
     """A worker's heartbeat: `WorkerState` JSON with a short TTL."""
-    return f"{PREFIX}:w:{worker_id}"
+    return f"{PREFIX}:w:{slot_tag(model)}:{worker_id}"
 
 
 WORKER_STATE_PATTERN = f"{PREFIX}:w:*"
 QUEUE_PATTERN = f"{PREFIX}:q:*"
 
 
+def _glob(text: str) -> str:
+    """`text` matched literally in a Redis glob pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def queue_patterns(model: str | None = None) -> tuple[str, str]:
+    """Glob patterns of the queues a request may wait in (workers' and shared): all, or one model's."""
+    if model is None:
+        return QUEUE_PATTERN, MODEL_QUEUE_PATTERN
+    return f"{PREFIX}:q:{_glob(slot_tag(model))}:*", _glob(model_queue(model))
+
+
 HEARTBEAT_S = 1.0  # a worker writes its heartbeat this often
 HEARTBEAT_TTL_S = 3  # a worker's heartbeat key expires this long after its last beat
 
 
-def events(worker_id: str) -> str:
+def events(model: str, worker_id: str) -> str:
     """Stream of a worker's KV-block and adapter residency events (precise routing index)."""
-    return f"{PREFIX}:events:{worker_id}"
+    return f"{PREFIX}:events:{slot_tag(model)}:{worker_id}"
 
 
 def decision(decision_id: str) -> str:
@@ -85,8 +116,18 @@ EVENTS_PATTERN = f"{PREFIX}:events:*"
 EVENTS_MAXLEN = 20_000  # a KV-event stream is trimmed to about this many entries
 
 
-def worker_id_of_queue(key: str) -> str:
-    return key.removeprefix(f"{PREFIX}:q:")
+def of_worker_key(key: str) -> tuple[str, str]:
+    """(model, worker id) of a worker's queue, heartbeat or event stream key."""
+    tagged = key.split(":", 2)[2]  # "{model}:worker"
+    model, _, worker_id = tagged[1:].partition("}:")
+    return model, worker_id
+
+
+def tag_of(key: str) -> str:
+    """The hash tag of a key (Redis Cluster's rule: the first `{...}` with something inside), or the key."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else key
 
 
 # hash: base model name -> {"model_dir", "max_model_len", "block_size", "at"} JSON (its workers' last beat)
@@ -94,11 +135,11 @@ MODELS = f"{PREFIX}:models"
 MODEL_MEMORY_S = 7 * 24 * 3600  # a base model seen within this long is known (503 while down, not 404)
 
 
-def request_record(request_id: str) -> str:
+def request_record(model: str, request_id: str) -> str:
     """Hash of one request (by its tenant-scoped id): `fp`, a fingerprint of what was asked, and `queue`
     and `entry`, where its queue entry was added. Created together with that entry, once: a retry finds
     it and attaches to the request instead of queueing a copy."""
-    return f"{PREFIX}:req:{request_id}"
+    return f"{PREFIX}:req:{slot_tag(model)}:{request_id}"
 
 
 RECORD_FP, RECORD_QUEUE, RECORD_ENTRY = "fp", "queue", "entry"  # a request record's hash fields
@@ -133,7 +174,7 @@ class AdapterTier(StrEnum):
 # -- worker -> gateway events on `events(worker_id)`, one JSON object in the entry's EVENTS_FIELD --------
 #
 # A worker appends one stream entry per event, its JSON in EVENTS_FIELD
-# (`XADD lg:events:{worker_id} MAXLEN ~ EVENTS_MAXLEN * e <json>`), the same layout as the output streams:
+# (`XADD lg:events:{model}:worker MAXLEN ~ EVENTS_MAXLEN * e <json>`), the same layout as the output streams:
 #
 #     {"type": "stored",  "hashes": [h1, h2, ...], "ts": 1718000000.0}   blocks now in its prefix cache
 #     {"type": "evicted", "hashes": [h1, ...],     "ts": ...}            blocks dropped from it

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 BACKOFF_BASE_S = 0.05  # first retry after an error
 BACKOFF_CAP_S = 2.0  # the longest wait between two retries: a returning Redis is noticed this fast
@@ -77,8 +78,30 @@ class OutageLog:
 
 
 def server_run_id(info: dict[str, Any]) -> str:
-    """From `INFO server`: the id that changes whenever the Redis server process restarts."""
-    return str(info.get("run_id", ""))
+    """From `INFO server`: the id that changes whenever the Redis server process restarts (of a cluster's
+    nodes, as a cluster client returns it: node -> its section, the ids of all of them)."""
+    if "run_id" in info or not info:
+        return str(info.get("run_id", ""))
+    return ",".join(sorted(str(v.get("run_id", "")) for v in info.values() if isinstance(v, dict)))
+
+
+def server_info(r: redis.Redis, key: str) -> dict[str, Any]:
+    """`INFO server` of the server that holds `key` (on a cluster, the node owning its slot)."""
+    if isinstance(r, redis.RedisCluster):
+        return dict(r.info("server", target_nodes=r.get_node_from_key(key)))
+    return dict(r.info("server"))
+
+
+async def fleet_server_info(r: aioredis.Redis) -> dict[str, Any]:
+    """`INFO server` of the server, or of all a cluster's nodes merged: every run id, the least uptime."""
+    if not isinstance(r, aioredis.RedisCluster):
+        return dict(await r.info("server"))
+    infos = await r.info("server", target_nodes=aioredis.RedisCluster.ALL_NODES)
+    sections = [v for v in infos.values() if isinstance(v, dict)] or [infos]
+    return {
+        "run_id": server_run_id(infos),
+        "uptime_in_seconds": min(float(s.get("uptime_in_seconds", 0)) for s in sections),
+    }
 
 
 class ServerGuard:
@@ -94,9 +117,14 @@ class ServerGuard:
     def __init__(self) -> None:
         self.expected: str | None = None
 
-    def install(self, r: redis.Redis) -> None:
-        """Guard every connection `r` makes from now on (its current ones are closed)."""
-        pool = r.connection_pool
+    def install(self, r: redis.Redis, key: str) -> None:
+        """Guard every connection `r` makes from now on (its current ones are closed) to the server that
+        holds `key` (on a cluster: the node owning its slot, whose run id `server_info` reads)."""
+        if isinstance(r, redis.RedisCluster):
+            node = r.get_node_from_key(key)
+            pool = node.redis_connection.connection_pool
+        else:
+            pool = r.connection_pool
         pool.disconnect()
         pool.connection_kwargs["redis_connect_func"] = self._on_connect
         pool.reset()

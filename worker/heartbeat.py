@@ -36,11 +36,13 @@ class Heartbeat:
         self,
         r: redis.Redis,
         worker_id: str,
+        model: str,
         interval_s: float = contracts.HEARTBEAT_S,
         ttl_s: float = contracts.HEARTBEAT_TTL_S,
         stale_after_s: float = STALE_AFTER_S,
     ):
         self.redis, self.worker_id = r, worker_id
+        self.key = contracts.worker_state(model, worker_id)
         self.interval_s, self.ttl_s, self.stale_after_s = interval_s, ttl_s, stale_after_s
         self.beats = 0
         self._state: WorkerState | None = None
@@ -68,7 +70,7 @@ class Heartbeat:
         """Stop beating and delete the heartbeat (gateways re-route what is still queued)."""
         self.stop()
         try:
-            self.redis.delete(contracts.worker_state(self.worker_id))
+            self.redis.delete(self.key)
         except OUTAGE_ERRORS as e:  # it expires by itself within the TTL
             log.warning("could not remove the heartbeat of %s: %r", self.worker_id, e)
 
@@ -89,7 +91,7 @@ class Heartbeat:
             )
             pipe = self.redis.pipeline(transaction=False)
             pipe.set(
-                contracts.worker_state(self.worker_id),
+                self.key,
                 dataclasses.replace(state, updated_at=now).to_json(),
                 px=int(self.ttl_s * 1000),
             )

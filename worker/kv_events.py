@@ -18,8 +18,8 @@ from worker.engine import LLMEngine
 
 
 class KVEventLog:
-    def __init__(self, worker_id: str):
-        self.key = contracts.events(worker_id)
+    def __init__(self, model: str, worker_id: str):
+        self.key = contracts.events(model, worker_id)
         self.deferred: list[KVEvent] = []  # the last step's, sent with the next step's outputs
 
     def snapshot(self, engine: LLMEngine) -> list[KVEvent]:

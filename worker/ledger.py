@@ -53,8 +53,9 @@ class Held:
 
 
 class Ledger:
-    def __init__(self, r: redis.Redis, worker_id: str):
-        self.redis, self.worker_id, self.queue = r, worker_id, contracts.queue(worker_id)
+    def __init__(self, r: redis.Redis, worker_id: str, model: str):
+        self.redis, self.worker_id, self.model = r, worker_id, model
+        self.queue = contracts.queue(model, worker_id)
         self.active: dict[str, Held] = {}
         self.recent: dict[str, Held] = {}
 
@@ -138,7 +139,7 @@ class Ledger:
     def repair(self, restarted: bool) -> int:
         """Step 2: write what the output streams lack; returns how many events that was."""
         requests = {**self.active, **(self.recent if restarted else {})}
-        lasts = last_events(self.redis, list(requests))
+        lasts = last_events(self.redis, self.model, list(requests))
         writes = [
             (rid, event)
             for (rid, held), last in zip(requests.items(), lasts, strict=True)
@@ -147,8 +148,8 @@ class Ledger:
         if writes:
             pipe = self.redis.pipeline(transaction=False)
             for rid, event in writes:
-                pipe.xadd(contracts.output(rid), {contracts.OUTPUT_FIELD: event.to_json()})
-                pipe.expire(contracts.output(rid), contracts.OUTPUT_TTL_S)
+                pipe.xadd(contracts.output(self.model, rid), {contracts.OUTPUT_FIELD: event.to_json()})
+                pipe.expire(contracts.output(self.model, rid), contracts.OUTPUT_TTL_S)
             pipe.execute()
             log.warning("wrote again %d output events that had not reached Redis", len(writes))
         return len(writes)
@@ -176,13 +177,13 @@ def missing_events(last: OutputEvent | None, events: list[OutputEvent]) -> list[
     return [e for e in events if e.completion_tokens > seen or not e.token_ids]
 
 
-def last_events(r: redis.Redis, request_ids: list[str]) -> list[OutputEvent | None]:
+def last_events(r: redis.Redis, model: str, request_ids: list[str]) -> list[OutputEvent | None]:
     """The last event of each request's output stream (None: empty or gone), in one round trip."""
     if not request_ids:
         return []
     pipe = r.pipeline(transaction=False)
     for rid in request_ids:
-        pipe.xrevrange(contracts.output(rid), count=1)
+        pipe.xrevrange(contracts.output(model, rid), count=1)
     return [
         OutputEvent.from_json(got[0][1][contracts.OUTPUT_FIELD_BYTES]) if got else None
         for got in pipe.execute()
@@ -208,7 +209,13 @@ def restore_entries(
     pipe = r.pipeline(transaction=True)
     messages = list(messages)
     for msg in messages:
-        pipe.eval(request_record.REQUEUE, 2, queue, contracts.request_record(msg.request_id), msg.to_json())
+        pipe.eval(
+            request_record.REQUEUE,
+            2,
+            queue,
+            contracts.request_record(msg.model, msg.request_id),
+            msg.to_json(),
+        )
     pipe.xreadgroup(contracts.WORKER_GROUP, consumer, {queue: ">"})
     *added, reply = pipe.execute()
     ours = {_text(a): m.request_id for a, m in zip(added, messages, strict=True)}
@@ -220,10 +227,23 @@ def restore_entries(
 def read_entries(reply: Any) -> list[tuple[str, QueuedRequest]]:
     """An `XREADGROUP` reply as (entry id, message) pairs; entries deleted meanwhile are skipped."""
     out = []
-    for _, entries in reply or []:
-        for raw_id, fields in entries:
-            if fields:
-                out.append((_text(raw_id), QueuedRequest.from_json(fields[contracts.QUEUE_FIELD_BYTES])))
+    streams = reply.items() if isinstance(reply, dict) else reply or []
+    for _, entries in streams:
+        for raw_id, fields in stream_entries(entries):
+            out.append((_text(raw_id), QueuedRequest.from_json(fields[contracts.QUEUE_FIELD_BYTES])))
+    return out
+
+
+def stream_entries(entries: Any) -> list[tuple[Any, dict[bytes, bytes]]]:
+    """A stream's entries (`XRANGE`, one stream of `XREADGROUP`) as (id, fields) pairs, without those
+    deleted meanwhile. redis-py's cluster transactions hand replies back unparsed (a flat field list
+    per entry; `XREADGROUP` as a dict): both forms are read here."""
+    out = []
+    for raw_id, fields in entries or []:
+        if isinstance(fields, list):
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        if fields:
+            out.append((raw_id, fields))
     return out
 
 

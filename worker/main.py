@@ -13,6 +13,7 @@ from types import FrameType
 
 import redis
 
+from loragate import contracts
 from loragate.proc import exit_on_stop_signal, install_stop_handler
 from loragate.redis_url import connect_sync
 from loragate.tracing import make_provider
@@ -56,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model_dir = Path(args.model)
     name = args.model_name or model_dir.name
+    try:
+        contracts.check_model_name(name)
+    except ValueError as e:
+        parser.error(str(e))
     worker_id = args.worker_id or f"{name}-{socket.gethostname()}"
     r: redis.Redis = connect_sync(args.redis)  # no retry: its output transactions must not run twice
     engine = LLMEngine(
@@ -75,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     provider = make_provider("loragate-worker")
     tracer = provider.get_tracer("loragate.worker") if provider is not None else None
     # The heartbeat has a connection of its own, so it never waits behind the engine loop's commands.
-    beats = Heartbeat(connect_sync(args.redis, socket_timeout=2.0, idempotent=True), worker_id)  # SETs
+    beats = Heartbeat(connect_sync(args.redis, socket_timeout=2.0, idempotent=True), worker_id, name)  # SETs
     service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer, heartbeat=beats)
     # The model and torch's own objects live as long as the process: out of the cyclic GC's sight, a full
     # collection no longer rescans them between engine steps.

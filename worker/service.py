@@ -32,8 +32,9 @@ import time
 import redis
 from opentelemetry.trace import Tracer
 
+from loragate import contracts
 from loragate.messages import WorkerState
-from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog, ServerGuard, server_run_id
+from loragate.redis_retry import OUTAGE_ERRORS, Backoff, OutageLog, ServerGuard, server_info, server_run_id
 from loragate.types import RequestOutput
 from worker.engine import LLMEngine
 from worker.heartbeat import DecodeRate, Heartbeat, engine_state
@@ -68,9 +69,9 @@ class WorkerService:
         self.engine, self.redis, self.worker_id, self.model_name = engine, r, worker_id, model_name
         # No command of this loop may reach a restarted Redis before `_resync` has repaired it.
         self.guard = ServerGuard()
-        self.guard.install(r)
+        self.guard.install(r, contracts.queue(model_name, worker_id))
         self.registry = registry
-        self.ledger = Ledger(r, worker_id)
+        self.ledger = Ledger(r, worker_id, model_name)
         # `compile_fn`: how guides compile on the intake's threads (tests slow it down); the engine's.
         self.intake = Intake(
             r,
@@ -81,12 +82,11 @@ class WorkerService:
             max_waiting,
             tracer is not None,
             compile_fn,
-            model_name,
         )
         self.outputs = OutputWriter(self.ledger, worker_id, tracer)
         self.cancels = CancelFeed(r)
-        self.heartbeat = heartbeat or Heartbeat(r, worker_id)
-        self.kv_events = KVEventLog(worker_id)
+        self.heartbeat = heartbeat or Heartbeat(r, worker_id, model_name)
+        self.kv_events = KVEventLog(model_name, worker_id)
         self.draining = threading.Event()
         self.stopped = threading.Event()
         self.run_id: str | None = None  # the Redis server (process) this worker last synced with
@@ -197,12 +197,12 @@ class WorkerService:
     def _resync(self) -> None:
         """Announce this worker and repair what Redis lost (`worker.ledger`)."""
         self.guard.open()
-        run_id = server_run_id(self.redis.info("server"))
+        run_id = server_run_id(server_info(self.redis, self.intake.queue))
         restarted = run_id != self.run_id  # a new Redis process (or our first contact with one)
         lost_group = self._announce()
         self._repair(lost=restarted or lost_group, restarted=restarted)
         self.kv_events.emit(self.redis, self.kv_events.snapshot(self.engine))
-        if server_run_id(self.redis.info("server")) != run_id:  # restarted again meanwhile: once more
+        if server_run_id(server_info(self.redis, self.intake.queue)) != run_id:  # restarted meanwhile: again
             raise redis.ConnectionError("Redis restarted during the re-sync")
         self.guard.accept(run_id)
         self.run_id = run_id

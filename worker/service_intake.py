@@ -37,7 +37,7 @@ from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import Request, RequestOutput
 from worker.engine import LLMEngine
 from worker.engine_requests import unstarted_abort
-from worker.ledger import Held, Ledger, read_entries
+from worker.ledger import Held, Ledger, read_entries, stream_entries
 from worker.lora import AdapterError
 from worker.registry import AdapterRegistry
 from worker.service_compiles import CompileFn, GrammarCompiles
@@ -58,11 +58,12 @@ class Intake:
         max_waiting: int,
         traced: bool,
         compile_fn: CompileFn | None = None,
-        model: str | None = None,
+        steal: bool = True,
     ):
-        self.redis, self.worker_id, self.queue = r, worker_id, contracts.queue(worker_id)
+        self.redis, self.worker_id, self.model = r, worker_id, ledger.model
+        self.queue = contracts.queue(self.model, worker_id)
         # The model's shared stream this worker steals from (None: only its own queue).
-        self.shared = contracts.model_queue(model) if model else None
+        self.shared = contracts.model_queue(self.model) if steal else None
         self.stolen = 0  # entries moved here from the shared stream
         self.engine, self.registry, self.ledger = engine, registry, ledger
         self.max_waiting = max_waiting
@@ -142,12 +143,12 @@ class Intake:
         if not peeked or isinstance(peeked, Exception):
             return 0
         pipe = self.redis.pipeline(transaction=False)
-        for raw_id, fields in peeked[:room]:
-            raw = fields.get(contracts.QUEUE_FIELD_BYTES) if fields else None
+        for raw_id, fields in stream_entries(peeked[:room]):
+            raw = fields.get(contracts.QUEUE_FIELD_BYTES)
             if raw is None:
                 continue
             rid = QueuedRequest.from_json(raw).request_id
-            keys = (self.shared, self.queue, contracts.request_record(rid))
+            keys = (self.shared, self.queue, contracts.request_record(self.model, rid))
             pipe.eval(request_record.MOVE, 3, *keys, raw_id, raw, contracts.WORKER_GROUP)
         moved = sum(1 for entry in pipe.execute() if entry)
         self.stolen += moved
@@ -185,7 +186,7 @@ class Intake:
         text = ""
         done = False
         if pending or msg.attempt > 0:  # only then can output already exist
-            streamed, text, done = already_streamed(self.redis, msg.request_id)
+            streamed, text, done = already_streamed(self.redis, self.model, msg.request_id)
         if done:  # finished before a crash, only the ack was lost
             self.ack(entry_id)
             return
@@ -270,7 +271,7 @@ class Intake:
         event = OutputEvent(
             worker_id=self.worker_id, error={"message": message, "type": kind, "code": None, "status": status}
         )
-        add_event(self.redis, msg.request_id, event)
+        add_event(self.redis, self.model, msg.request_id, event)
         self.ack(entry_id)
 
     # -- acknowledging ----------------------------------------------------------------------------

@@ -21,15 +21,16 @@ from worker.ledger import Held, Ledger
 from worker.tracing_spans import emit_spans
 
 
-def add_event(r: redis.Redis, request_id: str, event: OutputEvent) -> None:
+def add_event(r: redis.Redis, model: str, request_id: str, event: OutputEvent) -> None:
     """Append `event` to the request's output stream and renew the stream's TTL (`r` may be a pipeline)."""
-    r.xadd(contracts.output(request_id), {contracts.OUTPUT_FIELD: event.to_json()})
-    r.expire(contracts.output(request_id), contracts.OUTPUT_TTL_S)
+    key = contracts.output(model, request_id)
+    r.xadd(key, {contracts.OUTPUT_FIELD: event.to_json()})
+    r.expire(key, contracts.OUTPUT_TTL_S)
 
 
-def already_streamed(r: redis.Redis, request_id: str) -> tuple[list[int], str, bool]:
+def already_streamed(r: redis.Redis, model: str, request_id: str) -> tuple[list[int], str, bool]:
     """Tokens and text a request's output stream already holds, and whether its last event was written."""
-    return streamed_so_far(r.xrange(contracts.output(request_id)))
+    return streamed_so_far(r.xrange(contracts.output(model, request_id)))
 
 
 class OutputWriter:
@@ -41,7 +42,7 @@ class OutputWriter:
         finished = []
         for out in outputs:
             if (event := self.ledger.record(out)) is not None:
-                add_event(pipe, out.request_id, event)
+                add_event(pipe, self.ledger.model, out.request_id, event)
                 if event.is_last:
                     finished.append(out.request_id)
         return finished

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 from gateway.context import GatewayContext
 from gateway.errors import APIError
+from gateway.event_channel import EventChannel
 from gateway.pipeline.admit import Charge
 from gateway.pipeline.job import Job
 from gateway.pipeline.output import OutputReader
-from gateway.relay import EventChannel
 from gateway.request_store import SHARED_FULL
 from loragate import contracts
 from loragate.tracing import span
@@ -27,7 +27,7 @@ from policies.types import RouteDecision
 async def attach(ctx: GatewayContext, job: Job, base: str) -> OutputReader:
     """Relay a request that is live already, from its start; this handler holds no reservation."""
     async with asyncio.timeout(ctx.settings.redis_timeout_s):
-        events = await ctx.mux.subscribe(job.qid)
+        events = await ctx.mux.subscribe(base, job.qid)
     return OutputReader(ctx, job, base, events, None)
 
 
@@ -44,7 +44,7 @@ async def enqueue(
         try:
             # One round trip: the relay's wake-up, the request (with its record) and its decision.
             pipe = ctx.redis.pipeline(transaction=False)
-            events = await ctx.mux.subscribe(job.qid, pipe=pipe)
+            events = await ctx.mux.subscribe(msg.model, job.qid, pipe=pipe)
             at = len(pipe)
             if reservation is not None:
                 job.store.enqueue(pipe, msg, job.fingerprint, reservation.worker_id)
@@ -72,7 +72,7 @@ async def enqueue(
                 reservation.release()
             charge.refund()
             if events is not None:
-                ctx.mux.unsubscribe(job.qid, events)
+                ctx.mux.unsubscribe(msg.model, job.qid, events)
             raise
 
 

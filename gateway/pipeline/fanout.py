@@ -28,6 +28,7 @@ from starlette.requests import Request
 from gateway.choice_render import ChoiceRenderer
 from gateway.context import GatewayContext
 from gateway.errors import APIError, queue_unavailable
+from gateway.event_channel import ClientGone
 from gateway.pipeline.admit import admit, client_closed
 from gateway.pipeline.choices import ChoicePlan, choices_usage
 from gateway.pipeline.enqueue import attach, enqueue
@@ -36,7 +37,6 @@ from gateway.pipeline.output import OutputReader
 from gateway.pipeline.parse import Call
 from gateway.pipeline.resolve import Resolved
 from gateway.pipeline.route import route, route_input
-from gateway.relay import ClientGone
 from loragate.messages import OutputEvent
 
 log = logging.getLogger("loragate.gateway")

@@ -67,7 +67,7 @@ def make_job(ctx: GatewayContext, request: Request, call: Call, resolved: Resolv
     )
     ttl = int(ctx.settings.request_timeout_s) + contracts.REQUEST_RECORD_GRACE_S
     given = "x-request-id" in request.headers
-    return Job(rid, given, message, fingerprint(message), RequestStore(ctx.redis, ttl))
+    return Job(rid, given, message, fingerprint(message), RequestStore(ctx.redis, ttl, target.base))
 
 
 def choice_job(job: Job, index: int, choices: int, prompt: Prompt) -> Job:

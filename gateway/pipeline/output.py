@@ -15,10 +15,10 @@ from redis.exceptions import RedisError
 
 from gateway.context import GatewayContext
 from gateway.errors import APIError, queue_unavailable
+from gateway.event_channel import ClientGone, EventChannel
 from gateway.pipeline.job import Job
 from gateway.pipeline.resolve import no_worker
 from gateway.reaper import least_loaded
-from gateway.relay import ClientGone, EventChannel
 from loragate.messages import OutputEvent
 from policies.routing_state import Phase, Reservation
 
@@ -87,7 +87,7 @@ class OutputReader:
                 if entry is not None:
                     self._moved(worker_id)
                     log.info("continuing %s on %s after an abort", msg.request_id, worker_id)
-                await self.ctx.mux.resume(msg.request_id, self.events)
+                await self.ctx.mux.resume(self.base, msg.request_id, self.events)
         except (RedisError, TimeoutError) as e:
             log.warning("could not continue %s: %r", msg.request_id, e)
             raise queue_unavailable() from e
@@ -106,7 +106,7 @@ class OutputReader:
 
     def finish(self) -> None:
         """Stop relaying the request; it no longer counts on its worker's load here."""
-        self.ctx.mux.unsubscribe(self.job.qid, self.events)
+        self.ctx.mux.unsubscribe(self.base, self.job.qid, self.events)
         if self.reservation is not None:
             self.reservation.release()
 

@@ -20,11 +20,11 @@ from gateway import protocol
 from gateway.choice_render import ChoiceRenderer
 from gateway.context import GatewayContext
 from gateway.errors import APIError
+from gateway.event_channel import ClientGone, EventChannel
 from gateway.pipeline.admit import client_closed
 from gateway.pipeline.fanout import ChoiceSet, worker_error
 from gateway.pipeline.output import OutputReader
 from gateway.pipeline.stream import Answer, sse, sse_choices
-from gateway.relay import ClientGone, EventChannel
 from gateway.sse import EventStreamResponse
 from loragate.messages import OutputEvent
 

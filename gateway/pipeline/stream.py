@@ -20,9 +20,9 @@ from typing import Any
 from gateway import protocol
 from gateway.choice_render import ChoiceRenderer, RenderSpec
 from gateway.errors import APIError
+from gateway.event_channel import ClientGone
 from gateway.pipeline.fanout import ChoiceSet
 from gateway.pipeline.output import OutputReader
-from gateway.relay import ClientGone
 from loragate.messages import OutputEvent
 
 log = logging.getLogger(__name__)
