@@ -43,6 +43,9 @@ class StreamStats:
     itl_s: list[float] = field(default_factory=list)
     tokens: int = 0  # the usage chunk's completion_tokens
     refusals: int = 0  # 429s before it was admitted
+    prompt_tokens: int = 0  # the usage chunk's
+    cached_tokens: int = 0  # the usage chunk's prompt_tokens_details.cached_tokens (prefix-cache hits)
+    worker: str | None = None  # the response's x-loragate-worker header
 
 
 def completion_body(request: Request, model: str) -> dict[str, Any]:
@@ -93,6 +96,7 @@ async def _attempt(
         if status != 200:
             stats.error = f"http {status}"
             return _retry_after(head) if status == 429 else None
+        stats.worker = _header(head, b"x-loragate-worker")
         last, done = start, False
         async for events in sse_chunks(reader):
             now = time.perf_counter()
@@ -104,8 +108,12 @@ async def _attempt(
                 if "error" in body:
                     stats.error = f"stream error: {body['error'].get('code')}"
                     return None
-                if body.get("usage"):
-                    stats.tokens = int(body["usage"]["completion_tokens"])
+                if usage := body.get("usage"):
+                    stats.tokens = int(usage["completion_tokens"])
+                    stats.prompt_tokens = int(usage.get("prompt_tokens", 0))
+                    stats.cached_tokens = int(
+                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    )
                 texts += sum(1 for c in body.get("choices", ()) if c.get("text"))
             if texts and stats.ttft_s is None:
                 stats.ttft_s = now - start
@@ -122,6 +130,14 @@ async def _attempt(
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
+    return None
+
+
+def _header(head: bytes, name: bytes) -> str | None:
+    for line in head.split(b"\r\n"):
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return value.strip().decode()
     return None
 
 

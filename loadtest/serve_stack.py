@@ -1,4 +1,4 @@
-"""A `loragate up`-style stack for `bench_serve`: an embedded Redis, one gateway and one worker, child
+"""A `loragate up`-style stack for `bench_serve` and `fleet`: an embedded Redis, a gateway and workers, child
 processes started as `up` starts them (`python -m loragate.cli ...`, each in a session of its own, killed
 by the kernel if this process dies), logged to files, stopped by process group (SIGTERM, then SIGKILL).
 
@@ -28,7 +28,9 @@ API_KEY = "sk-bench-serve"
 
 
 class ServeStack:
-    """Redis + gateway + one worker of `model_name`, in `work`; a context manager that stops them all."""
+    """Redis + gateway + `workers` workers of `model_name`, in `work`; a context manager that stops them
+    all. With `admin_token` the gateway's admin API is on; with `metrics` each worker serves Prometheus
+    metrics (`metrics_urls`)."""
 
     def __init__(
         self,
@@ -37,6 +39,9 @@ class ServeStack:
         model_name: str,
         adapters: dict[str, Path],
         worker_flags: list[str],
+        workers: int = 1,
+        admin_token: str | None = None,
+        metrics: bool = False,
     ):
         self.work, self.model_name = work, model_name
         self.redis = EmbeddedRedis(work / "redis")
@@ -47,13 +52,29 @@ class ServeStack:
         adapter_dir.mkdir(parents=True, exist_ok=True)
         for name, path in adapters.items():
             (adapter_dir / name).symlink_to(path.resolve(), target_is_directory=True)
-        self.worker_args = [
-            "worker",
-            *("--model", str(model_dir), "--model-name", model_name, "--worker-id", "bench-serve-w0"),
-            *(("--adapters", str(adapter_dir)) if adapters else ()),
-            *worker_flags,
-        ]
-        self.gateway_config = {"api_keys": {API_KEY: "bench"}, "adapter_roots": [str(adapter_dir)]}
+        self.workers = workers
+        self.metrics_urls: list[str] = []
+        self.worker_args: dict[str, list[str]] = {}
+        for k in range(workers):
+            name = "worker" if k == 0 else f"worker-{k}"
+            extra: list[str] = []
+            if metrics:
+                port = free_port()
+                extra = ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+                self.metrics_urls.append(f"http://127.0.0.1:{port}/metrics")
+            self.worker_args[name] = [
+                "worker",
+                *("--model", str(model_dir), "--model-name", model_name, "--worker-id", f"bench-serve-w{k}"),
+                *(("--adapters", str(adapter_dir)) if adapters else ()),
+                *worker_flags,
+                *extra,
+            ]
+        self.gateway_config: dict[str, object] = {
+            "api_keys": {API_KEY: "bench"},
+            "adapter_roots": [str(adapter_dir)],
+        }
+        if admin_token:
+            self.gateway_config["admin_token"] = admin_token
 
     def __enter__(self) -> ServeStack:
         try:
@@ -73,7 +94,7 @@ class ServeStack:
         config = self.work / "gateway.json"
         config.write_text(json.dumps(self.gateway_config))
         gateway = ["gateway", "--host", "127.0.0.1", "--port", str(self.port), "--config", str(config)]
-        for name, args in (("gateway", gateway), ("worker", self.worker_args)):
+        for name, args in (("gateway", gateway), *self.worker_args.items()):
             with (self.work / f"{name}.log").open("wb") as log:  # the child keeps its own descriptor
                 self.procs[name] = spawn(
                     [sys.executable, "-m", "loragate.cli", *args], env=env, stdout=log, stderr=log
@@ -87,7 +108,8 @@ class ServeStack:
                 if proc.poll() is not None:
                     raise BenchError(f"{name} exited ({proc.returncode}):\n{self.tail(name)}")
             with contextlib.suppress(httpx.HTTPError, ValueError):
-                if self.model_name in httpx.get(f"{self.url}/health", timeout=2).json().get("models", []):
+                health = httpx.get(f"{self.url}/health", timeout=2).json()
+                if self.model_name in health.get("models", []) and health.get("workers", 0) >= self.workers:
                     return
             time.sleep(0.2)
         raise BenchError(f"no worker for {self.model_name!r} after {timeout_s} s:\n{self.logs()}")
@@ -97,7 +119,7 @@ class ServeStack:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def logs(self) -> str:
-        return "\n".join(f"--- {name}\n{self.tail(name)}" for name in ("gateway", "worker"))
+        return "\n".join(f"--- {name}\n{self.tail(name)}" for name in ("gateway", *self.worker_args))
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM each child's process group (the worker drains: nothing runs by now), SIGKILL what is left

@@ -30,6 +30,7 @@ class SimRequest:
     prompt_tokens: int
     output_tokens: int
     block_hashes: tuple[int, ...]  # full blocks of the prompt only
+    prompt_token_ids: tuple[int, ...] = ()  # the prompt itself (to send it to a real fleet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,14 @@ def make_sim_workload(spec: SimWorkloadSpec) -> list[SimRequest]:
         hashes = block_hashes(prompt, BLOCK_SIZE, adapter, start=prefix_hashes[key])
         requests.append(
             SimRequest(
-                f"sim-{i}", tenant, adapter, now, len(prompt), rng.randint(*spec.output_len), tuple(hashes)
+                f"sim-{i}",
+                tenant,
+                adapter,
+                now,
+                len(prompt),
+                rng.randint(*spec.output_len),
+                tuple(hashes),
+                tuple(prompt),
             )
         )
     return requests

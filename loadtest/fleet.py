@@ -1,0 +1,188 @@
+"""Fleet load test: one workload through a real N-worker stack once per routing profile, the simulator on
+the same workload beside it (calibrated to the real workers), and the simulator's hundreds of workers.
+
+The workload (`loadtest.sim_workload`): many tenants, adapters with Zipf popularity (the zoo's few `tiny`
+checkpoints under many names), shared system prompts (each adapter's home prompt, Zipf), Poisson arrivals
+with bursts. Per profile — `default`, `least-loaded`, `round-robin`, `prefix-only`, `adapter-only` — a
+fresh real stack replays it open-loop (`loadtest.fleet_real`). The simulator then replays the same
+requests on as many simulated workers, with the real workers' KV capacity, adapter slots and measured
+speeds, so its prefix-hit rate and adapter loads can be checked against the real fleet's: a simulator
+that predicts a 2-worker fleet is one to trust for 200 workers, where it runs next (the workload scaled
+to the fleet), with a sweep of offered load for goodput.
+
+Definitions: TTFT and ITL as the clients see them (after the first `--warmup` share of requests); prefix
+hit rate = cached prompt tokens / prompt tokens (the responses' `cached_tokens`; the simulator's at
+admission); adapter loads = adapters loaded onto the device (the workers' counter; the simulator's disk +
+host loads), over the whole run; goodput = requests/s whose TTFT met `--slo-ms`.
+
+`python -m loadtest.fleet [--out DIR]` writes DIR/report.html and PNG plots, and prints one JSON object as
+its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from loadtest.fleet_real import RealRun, adapter_links, fleet_policy, run_profile
+from loadtest.fleet_report import ProfileFigures, SimFigures, real_figures, sim_figures, write_report
+from loadtest.sim_worker import EngineModel
+from loadtest.sim_workload import SimRequest, SimWorkloadSpec, make_sim_workload
+from loadtest.simulate import FleetSpec, simulate
+from policies.document import parse_policy
+from worker.modelzoo.make import ensure_zoo
+
+PROFILES = ("default", "least-loaded", "round-robin", "prefix-only", "adapter-only")
+
+
+def workload(args: argparse.Namespace, scale: int = 1) -> list[SimRequest]:
+    """The workload: `scale` times the requests, rate, tenants, adapters and prompts of the real one."""
+    spec = SimWorkloadSpec(
+        num_requests=args.requests * scale,
+        rate=args.rate * scale,
+        num_adapters=args.adapters * scale,
+        num_system_prompts=args.system_prompts * scale,
+        num_tenants=8 * scale,
+        system_len=(96, 320),
+        suffix_len=(8, 48),
+        output_len=(8, 48),
+        vocab_size=8192,  # the tiny model's
+        seed=args.seed,
+    )
+    return with_bursts(make_sim_workload(spec), args.burst_every_s, args.burst_size)
+
+
+def with_bursts(requests: list[SimRequest], every_s: float, size: int) -> list[SimRequest]:
+    """Every `every_s`, the `size` requests that follow arrive at once (a synchronized burst)."""
+    if every_s <= 0 or size <= 1:
+        return requests
+    out, k = list(requests), 0
+    while k < len(out):
+        at = out[k].arrival_s
+        for j in range(k, min(k + size, len(out))):
+            out[j] = replace(out[j], arrival_s=at)
+        k += size
+        while k < len(out) and out[k].arrival_s < at + every_s:
+            k += 1
+    return out
+
+
+def calibrated(real: RealRun, args: argparse.Namespace) -> EngineModel:
+    """The simulated worker: the real one's KV blocks and adapter slots, its measured decode step and
+    prefill speed (in the run of the first profile)."""
+    itl = sorted(g for s in real.stats for g in s.itl_s)
+    # Prefill speed: the median of (uncached prompt tokens / TTFT), TTFT queueing included (a lower bound).
+    speeds = sorted(
+        (s.prompt_tokens - s.cached_tokens) / s.ttft_s
+        for s in real.stats
+        if s.error is None and s.ttft_s and s.prompt_tokens > s.cached_tokens
+    )
+    return replace(
+        EngineModel(),
+        cache_blocks=real.kv_blocks,
+        kv_blocks=real.kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_prefill_tokens=2048,
+        max_loras=real.max_loras,
+        host_adapters=max(real.max_loras, args.adapters),  # every adapter fits the real host tier
+        decode_step_s=itl[len(itl) // 2] if itl else EngineModel().decode_step_s,
+        decode_step_per_seq_s=0.0,
+        prefill_tok_s=speeds[len(speeds) // 2] if speeds else args.sim_prefill_tok_s,
+    )
+
+
+def sim_profiles(
+    requests: list[SimRequest],
+    workers: int,
+    engine: EngineModel,
+    names: Sequence[str],
+    warmup: int,
+    seed: int,
+) -> dict[str, Any]:
+    fleet = FleetSpec(workers, engine)
+    return {
+        n: simulate(requests, parse_policy(fleet_policy(n)).profile(n), fleet, seed, n, warmup) for n in names
+    }
+
+
+def goodput_sweep(
+    args: argparse.Namespace, engine: EngineModel, names: Sequence[str], loads: Sequence[float]
+) -> dict[str, list[tuple[float, float]]]:
+    """Simulated goodput (requests/s within the SLO) against offered load (requests/s), per profile."""
+    out: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    for factor in tqdm(loads, desc="goodput sweep (simulated)", unit="load"):
+        swept = argparse.Namespace(**{**vars(args), "rate": args.rate * factor})
+        requests = workload(swept)
+        span = requests[-1].arrival_s - requests[0].arrival_s
+        for name, result in sim_profiles(requests, args.workers, engine, names, 0, args.seed).items():
+            good = sum(1 for t in result.ttft_s if t * 1000 <= args.slo_ms)
+            out[name].append((len(requests) / span, good / max(span, result.sim_s)))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m loadtest.fleet", description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--out", default="loadtest_out/fleet", help="report directory")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--requests", type=int, default=160)
+    p.add_argument("--rate", type=float, default=3.0, help="requests/s offered to the real fleet")
+    p.add_argument("--adapters", type=int, default=24)
+    p.add_argument("--system-prompts", type=int, default=6)
+    p.add_argument("--burst-every-s", type=float, default=10.0, help="a burst this often (0: none)")
+    p.add_argument("--burst-size", type=int, default=8)
+    p.add_argument("--max-loras", type=int, default=4, help="each real worker's device adapter slots")
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--kv-cache-mb", type=int, default=8, help="each real worker's KV cache")
+    p.add_argument("--profiles", default=",".join(PROFILES))
+    p.add_argument("--warmup", type=float, default=0.2, help="share of requests not in the latency figures")
+    p.add_argument("--slo-ms", type=float, default=1000.0, help="TTFT objective for goodput")
+    p.add_argument("--sim-workers", type=int, default=200, help="the simulated fleet at scale")
+    p.add_argument("--sim-prefill-tok-s", type=float, default=6000.0)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.profiles.split(",") if n]
+    zoo = ensure_zoo()
+    requests = workload(args)
+    warmup = int(args.warmup * len(requests))
+    links = adapter_links(args.adapters, sorted((zoo.root / "adapters" / "tiny").iterdir()))
+    flags = ["--max-loras", str(args.max_loras), "--max-num-seqs", str(args.max_num_seqs)]
+    flags += ["--kv-cache-mb", str(args.kv_cache_mb)]
+    real: dict[str, RealRun] = {}
+    with tempfile.TemporaryDirectory(prefix="lg-fleet-") as tmp:
+        for name in tqdm(names, desc="real fleet, per profile", unit="profile"):
+            real[name] = run_profile(
+                name, requests, Path(tmp) / name, zoo.base("tiny"), links, args.workers, flags
+            )
+    engine = calibrated(real[names[0]], args)
+    sim = sim_profiles(requests, args.workers, engine, names, 0, args.seed)
+    scale = max(1, args.sim_workers // args.workers)
+    at_scale = sim_profiles(
+        workload(args, scale),
+        args.sim_workers,
+        engine,
+        names,
+        int(args.warmup * args.requests * scale),
+        args.seed,
+    )
+    sweep = goodput_sweep(args, engine, names, (0.5, 1.0, 1.5, 2.0, 3.0, 4.0))
+    figures: dict[str, ProfileFigures] = {
+        n: real_figures(real[n], requests, warmup, args.slo_ms) for n in names
+    }
+    sims: dict[str, SimFigures] = {n: sim_figures(sim[n]) for n in names}
+    scaled: dict[str, SimFigures] = {n: sim_figures(at_scale[n]) for n in names}
+    summary = write_report(out, args, figures, sims, scaled, sweep, real)
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
