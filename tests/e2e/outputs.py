@@ -18,7 +18,7 @@ def stored_output(redis_url: str, request_id: str) -> Entries:
     put a tenant's namespace before the client's id, so it is found by the id (unique to its test)."""
     r = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
     try:
-        found = list(r.scan_iter(match=contracts.output(f"*{request_id}")))
+        found = list(r.scan_iter(match=contracts.output("*", f"*{request_id}")))
         assert len(found) <= 1, found
         return [
             (entry, OutputEvent.from_json(fields[b"e"])) for key in found for entry, fields in r.xrange(key)

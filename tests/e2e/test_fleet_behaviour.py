@@ -46,7 +46,7 @@ def aborted_after(stack: Stack, request_id: str, timeout: float = 15.0) -> int:
     try:
         while time.monotonic() < deadline:
             entries = r.xrange(
-                contracts.output(contracts.scoped_request_id("alice", request_id))
+                contracts.output("tiny", contracts.scoped_request_id("alice", request_id))
             )  # KEY is alice's
             last = OutputEvent.from_json(entries[-1][1][b"e"]) if entries else None
             if last is not None and last.is_last:
@@ -279,8 +279,8 @@ def test_a_client_that_leaves_while_waiting_for_its_fair_turn_is_never_queued(st
             assert all(f.result(timeout=120) == ("length", 400) for f in busy)
         stack.wait_idle()
         qid = contracts.scoped_request_id("alice", rid)
-        assert not r.exists(contracts.request_record(qid)), "the departed request was queued"
-        assert not r.exists(contracts.output(qid)), "a worker ran (or aborted) the departed request"
+        assert not r.exists(contracts.request_record("tiny", qid)), "the departed request was queued"
+        assert not r.exists(contracts.output("tiny", qid)), "a worker ran (or aborted) the departed request"
     finally:
         r.close()
         proc.send_signal(signal.SIGTERM)

@@ -111,5 +111,5 @@ def test_a_client_that_leaves_takes_its_request_off_the_shared_stream(zoo: ZooPa
         stack.start_worker("w2")
         stack.wait_ready(workers=1)
         time.sleep(1.0)  # a worker that took it would be streaming tokens by now
-        events = [OutputEvent.from_json(f[b"e"]) for _, f in r.xrange(contracts.output(rid))]
+        events = [OutputEvent.from_json(f[b"e"]) for _, f in r.xrange(contracts.output("tiny", rid))]
         assert [e.finish_reason for e in events] == ["abort"] and not events[0].token_ids

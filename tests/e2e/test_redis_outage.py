@@ -224,7 +224,7 @@ def test_queued_requests_are_served_if_redis_kept_them_else_fail_at_once(
             with concurrent.futures.ThreadPoolExecutor(3) as pool:
                 replies = [pool.submit(complete, stack.url, body(i), 120) for i in range(3)]
                 r = server.client()
-                wait_for(lambda: r.xlen(contracts.queue("w1")) == 3, 3, "three queued requests")
+                wait_for(lambda: r.xlen(contracts.queue("tiny", "w1")) == 3, 3, "three queued requests")
                 r.close()
                 time.sleep(1.1)  # an AOF is written at least every second
                 server.kill()

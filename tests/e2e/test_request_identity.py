@@ -177,7 +177,7 @@ def client_for(stack: Stack, timeout: float = 240) -> httpx.AsyncClient:
 def output_events(r: redis.Redis, tenant: str, rid: str) -> list[OutputEvent]:
     return [
         OutputEvent.from_json(f[b"e"])
-        for _, f in r.xrange(contracts.output(contracts.scoped_request_id(tenant, rid)))
+        for _, f in r.xrange(contracts.output("tiny", contracts.scoped_request_id(tenant, rid)))
     ]
 
 

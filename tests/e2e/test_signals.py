@@ -81,7 +81,7 @@ def test_gateway_and_worker_stop_cleanly_on_every_stop_signal(
                 health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
             except (httpx.HTTPError, ValueError):
                 return False
-            return bool(client.exists(contracts.worker_state(worker_id))) and health["workers"] == 1
+            return bool(client.exists(contracts.worker_state("tiny", worker_id))) and health["workers"] == 1
 
         _until(serving, 120, procs, tmp_path)
         for proc in procs:

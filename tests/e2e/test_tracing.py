@@ -134,7 +134,7 @@ def wait_until_resident(redis_url: str, worker_id: str, adapter: str, timeout: f
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            raw = r.get(contracts.worker_state(worker_id))
+            raw = r.get(contracts.worker_state("tiny", worker_id))
             if raw is not None and adapter in WorkerState.from_json(raw).adapters_device:
                 time.sleep(1.0)
                 return

@@ -28,7 +28,7 @@ def run(redis_url: str, body: Callable[[aioredis.Redis, Fleet], Awaitable[None]]
         try:
             await asyncio.wait_for(body(r, Fleet(r)), 15)
         finally:
-            for key in [k async for k in r.scan_iter(match=f"{contracts.worker_state(PREFIX)}*")]:
+            for key in [k async for k in r.scan_iter(match=f"{contracts.PREFIX}:w:*")]:
                 await r.delete(key)
             await r.aclose()
 
@@ -36,10 +36,10 @@ def run(redis_url: str, body: Callable[[aioredis.Redis, Fleet], Awaitable[None]]
 
 
 async def announce(r: aioredis.Redis, s: WorkerState, queued: int = 0) -> None:
-    await r.set(contracts.worker_state(s.worker_id), s.to_json(), ex=60)
-    await r.delete(contracts.queue(s.worker_id))
+    await r.set(contracts.worker_state(s.model, s.worker_id), s.to_json(), ex=60)
+    await r.delete(contracts.queue(s.model, s.worker_id))
     for i in range(queued):
-        await r.xadd(contracts.queue(s.worker_id), {contracts.QUEUE_FIELD: f"{i}"})
+        await r.xadd(contracts.queue(s.model, s.worker_id), {contracts.QUEUE_FIELD: f"{i}"})
 
 
 def test_a_refresh_reads_heartbeats_and_queue_lengths(redis_url: str) -> None:
@@ -47,7 +47,7 @@ def test_a_refresh_reads_heartbeats_and_queue_lengths(redis_url: str) -> None:
         await announce(r, state(f"{PREFIX}-a"), queued=3)
         await announce(r, state(f"{PREFIX}-b", draining=True), queued=1)
         await announce(r, state(f"{PREFIX}-c", model="other"))
-        await r.xadd(contracts.queue(f"{PREFIX}-gone"), {contracts.QUEUE_FIELD: "x"})  # no heartbeat
+        await r.xadd(contracts.queue("tiny", f"{PREFIX}-gone"), {contracts.QUEUE_FIELD: "x"})  # no heartbeat
         await fleet.refresh()
         assert {w: v.queue_len for w, v in fleet.workers.items() if w.startswith(PREFIX)} == {
             f"{PREFIX}-a": 3,
@@ -89,7 +89,7 @@ def test_a_request_routed_while_a_refresh_reads_redis_is_counted_once(redis_url:
         await fleet.refresh()
         fleet.redis.pipeline = read_lengths  # type: ignore[method-assign]
         assert fleet.workers[worker].queue_len == 2
-        await r.xadd(contracts.queue(worker), {contracts.QUEUE_FIELD: "routed"})  # its entry lands
+        await r.xadd(contracts.queue("tiny", worker), {contracts.QUEUE_FIELD: "routed"})  # its entry lands
         await fleet.refresh()
         assert fleet.workers[worker].queue_len == 2
         fleet.state.note_ended(worker)  # it ends here before its entry is deleted

@@ -19,7 +19,7 @@ from policies.prefix_index import PrefixIndex
 async def _xadd(r: aioredis.Redis, worker_id: str, *events: KVEvent | str) -> None:
     for event in events:
         raw = event if isinstance(event, str) else event.to_json()
-        await r.xadd(contracts.events(worker_id), {contracts.EVENTS_FIELD: raw})
+        await r.xadd(contracts.events("tiny", worker_id), {contracts.EVENTS_FIELD: raw})
 
 
 async def _until(done: Callable[[], bool], timeout_s: float = 8.0) -> None:
@@ -33,7 +33,7 @@ def test_follows_every_workers_stream_into_the_index(redis_url: str) -> None:
     async def main() -> tuple[PrefixIndex, KVEventFollower]:
         r = aioredis.Redis.from_url(redis_url, socket_timeout=5)
         index = PrefixIndex()
-        follower = KVEventFollower(redis_url, index, discover_s=0.1)
+        follower = KVEventFollower(redis_url, r, index, discover_s=0.1)
         try:
             # Written before the follower starts: read from the stream's start.
             await _xadd(r, "w1", KVEvent(EventType.STORED, (1, 2, 3)), KVEvent(EventType.EVICTED, (3,)))
@@ -60,15 +60,17 @@ def test_follows_every_workers_stream_into_the_index(redis_url: str) -> None:
     assert index.cached_blocks("w2", (1, 2)) == 1
     assert index.resident_adapters("w2") == (("tiny:a",), ())
     assert follower.applied == 6  # the malformed entry was skipped, not counted
-    assert set(follower.last_ids) == {contracts.events("w1"), contracts.events("w2")}
+    assert set(follower.last_ids) == {contracts.events("tiny", "w1"), contracts.events("tiny", "w2")}
 
 
 def test_no_streams_yet_is_quiet(redis_url: str) -> None:
     async def main() -> KVEventFollower:
-        follower = KVEventFollower(redis_url, PrefixIndex(), discover_s=0.05)
+        r = aioredis.Redis.from_url(redis_url)  # the follower's own connection reads on a single server
+        follower = KVEventFollower(redis_url, r, PrefixIndex(), discover_s=0.05)
         follower.start()
         await asyncio.sleep(0.3)
         await follower.stop()
+        await r.aclose()
         return follower
 
     follower = asyncio.run(main())

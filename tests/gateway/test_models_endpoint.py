@@ -27,7 +27,7 @@ def gateway(redis_url: str) -> Iterator[str]:
     state = WorkerState("models-w1", "models-base", "/m", 2048, updated_at=time.time())
     org = WorkerState("models-w2", ORG_MODEL, "/m", 2048, updated_at=time.time())
     for s in (state, org):
-        r.set(contracts.worker_state(s.worker_id), s.to_json(), ex=60)
+        r.set(contracts.worker_state(s.model, s.worker_id), s.to_json(), ex=60)
     for rec in (SHARED, BOBS):
         r.hset(contracts.ADAPTERS, rec.key, rec.to_json())
     try:
@@ -40,7 +40,10 @@ def gateway(redis_url: str) -> Iterator[str]:
                 time.sleep(0.1)
             yield url
     finally:
-        r.delete(contracts.worker_state(state.worker_id), contracts.worker_state(org.worker_id))
+        r.delete(
+            contracts.worker_state(state.model, state.worker_id),
+            contracts.worker_state(org.model, org.worker_id),
+        )
         r.hdel(contracts.ADAPTERS, SHARED.key, BOBS.key)
         r.close()
 

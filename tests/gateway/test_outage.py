@@ -10,9 +10,10 @@ import pytest
 import redis.asyncio as aioredis
 
 import gateway.fleet
+from gateway.event_channel import EventChannel
 from gateway.fleet import Fleet
 from gateway.reaper import Reaper
-from gateway.relay import EventChannel, OutputMux
+from gateway.relay import OutputMux
 from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest, WorkerState
 from loragate.redis_url import connect_async
@@ -48,9 +49,9 @@ def test_after_a_restart_known_workers_still_count_and_no_queue_is_reaped(
         async def main() -> None:
             r = connect_async(server.url)
             try:
-                await r.set(contracts.worker_state("w1"), state("w1"), ex=60)
-                await r.set(contracts.worker_state("w2"), state("w2"), ex=60)
-                queue = contracts.queue("w1")
+                await r.set(contracts.worker_state("tiny", "w1"), state("w1"), ex=60)
+                await r.set(contracts.worker_state("tiny", "w2"), state("w2"), ex=60)
+                queue = contracts.queue("tiny", "w1")
                 await r.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
                 await r.xadd(queue, {"m": msg.to_json()})
                 await r.xreadgroup(contracts.WORKER_GROUP, "w1", {queue: ">"})  # w1 runs it
@@ -59,9 +60,11 @@ def test_after_a_restart_known_workers_still_count_and_no_queue_is_reaped(
                 await asyncio.sleep(2.6)  # past the young server's grace (its uptime counts whole seconds)
                 await fleet.refresh()
                 assert set(fleet.workers) == {"w1", "w2"} and not fleet.recovering
-                await r.delete(contracts.worker_state("w1"))  # its heartbeat expired during the outage
+                await r.delete(
+                    contracts.worker_state("tiny", "w1")
+                )  # its heartbeat expired during the outage
                 server.restart()  # from the AOF
-                await r.delete(contracts.worker_state("w1"))
+                await r.delete(contracts.worker_state("tiny", "w1"))
                 assert await reaper.sweep() == 0  # w1 may be about to re-announce itself
                 assert fleet.recovering and set(fleet.workers) == {"w1", "w2"}
                 assert sorted(w.state.worker_id for w in fleet.serving("tiny")) == ["w1", "w2"]
@@ -69,7 +72,7 @@ def test_after_a_restart_known_workers_still_count_and_no_queue_is_reaped(
                 await asyncio.sleep(2.6)  # w1 did not come back within the grace: it is gone
                 assert await reaper.sweep() == 1
                 assert set(fleet.workers) == {"w2"} and not fleet.recovering
-                assert await r.xlen(queue) == 0 and await r.xlen(contracts.queue("w2")) == 1
+                assert await r.xlen(queue) == 0 and await r.xlen(contracts.queue("tiny", "w2")) == 1
             finally:
                 await r.aclose()
 
@@ -100,12 +103,13 @@ def test_a_move_run_twice_queues_one_copy_and_points_the_record_at_it(redis_url:
     async def main() -> None:
         r = connect_async(redis_url)
         try:
-            await r.set(contracts.worker_state("w2"), state("w2"), ex=60)
-            dead = contracts.queue("w1")
+            await r.set(contracts.worker_state("tiny", "w2"), state("w2"), ex=60)
+            dead = contracts.queue("tiny", "w1")
             await r.xgroup_create(dead, contracts.WORKER_GROUP, id="0", mkstream=True)
             entry = await r.xadd(dead, {"m": msg.to_json()})
             await r.hset(
-                contracts.request_record("moved-1"), mapping={"fp": "x", "queue": dead, "entry": entry}
+                contracts.request_record("tiny", "moved-1"),
+                mapping={"fp": "x", "queue": dead, "entry": entry},
             )
             await r.xreadgroup(contracts.WORKER_GROUP, "w1", {dead: ">"})  # w1 read it, then died
             fleet = Fleet(r)
@@ -113,10 +117,13 @@ def test_a_move_run_twice_queues_one_copy_and_points_the_record_at_it(redis_url:
             reaper = Reaper(r, fleet, "reaper-test")
             assert await reaper._reroute(dead, entry, msg)
             assert not await reaper._reroute(dead, entry, msg)  # again, as a retry would
-            copies = await r.xrange(contracts.queue("w2"))
+            copies = await r.xrange(contracts.queue("tiny", "w2"))
             assert len(copies) == 1, f"{len(copies)} copies queued"
-            record = await r.hgetall(contracts.request_record("moved-1"))
-            assert record[b"queue"].decode() == contracts.queue("w2") and record[b"entry"] == copies[0][0]
+            record = await r.hgetall(contracts.request_record("tiny", "moved-1"))
+            assert (
+                record[b"queue"].decode() == contracts.queue("tiny", "w2")
+                and record[b"entry"] == copies[0][0]
+            )
             assert await r.xlen(dead) == 0
         finally:
             await r.aclose()
@@ -144,18 +151,18 @@ def test_a_stream_subscribed_while_the_relay_reconnects_is_read_at_once() -> Non
             mux._reconnected = slow_reconnect  # type: ignore[method-assign]
             try:
                 await mux.start()
-                await mux.subscribe("first")
+                await mux.subscribe("tiny", "first")
                 while not mux._blocked:
                     await asyncio.sleep(0.01)
                 await asyncio.to_thread(server.restart)
                 await asyncio.wait_for(reconnecting.wait(), 10)
-                channel = await mux.subscribe("second")
+                channel = await mux.subscribe("tiny", "second")
                 resume.set()
                 await asyncio.sleep(0.2)  # the relay is in its next blocking read
                 loop = asyncio.get_running_loop()
                 sent = loop.time()
                 event = OutputEvent(token_ids=(5,), text="5", completion_tokens=1)
-                await control.xadd(contracts.output("second"), {"e": event.to_json()})
+                await control.xadd(contracts.output("tiny", "second"), {"e": event.to_json()})
                 got = await channel.get(10.0)
                 assert got == event
                 return loop.time() - sent

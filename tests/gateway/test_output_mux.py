@@ -12,7 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.relay import EventChannel, OutputMux
+from gateway.event_channel import EventChannel
+from gateway.relay import OutputMux
 from loragate import contracts
 from loragate.messages import OutputEvent
 
@@ -32,7 +33,9 @@ def run(redis_url: str, body: Callable[[aioredis.Redis, OutputMux], Awaitable[No
 
 
 async def put(r: aioredis.Redis, rid: str, text: str, finish: str | None = None) -> str:
-    entry = await r.xadd(contracts.output(rid), {"e": OutputEvent(text=text, finish_reason=finish).to_json()})
+    entry = await r.xadd(
+        contracts.output("tiny", rid), {"e": OutputEvent(text=text, finish_reason=finish).to_json()}
+    )
     return str(entry.decode())
 
 
@@ -42,33 +45,37 @@ async def texts(channel: EventChannel, n: int) -> list[str]:
 
 def test_two_channels_of_one_request_each_get_every_event_once(redis_url: str) -> None:
     async def body(r: aioredis.Redis, mux: OutputMux) -> None:
-        first = await mux.subscribe("shared")
+        first = await mux.subscribe("tiny", "shared")
         await put(r, "shared", "a")
         assert await texts(first, 1) == ["a"]
-        second = await mux.subscribe("shared")  # a retry: relays from the start
+        second = await mux.subscribe("tiny", "shared")  # a retry: relays from the start
         await put(r, "shared", "b")
         assert await texts(second, 2) == ["a", "b"]
         assert await texts(first, 1) == ["b"]
-        mux.unsubscribe("shared", second)  # the retry's client left: the first handler keeps its channel
+        mux.unsubscribe(
+            "tiny", "shared", second
+        )  # the retry's client left: the first handler keeps its channel
         await put(r, "shared", "c", "stop")
         assert await texts(first, 1) == ["c"]
         await asyncio.sleep(0.3)
         assert len(second) == 0 and len(first) == 0
-        assert contracts.output("shared") not in mux.subs  # nothing follows a last event
+        assert contracts.output("tiny", "shared") not in mux.subs  # nothing follows a last event
 
     run(redis_url, body)
 
 
 def test_a_channel_reads_on_after_an_abort_is_deleted(redis_url: str) -> None:
     async def body(r: aioredis.Redis, mux: OutputMux) -> None:
-        channel = await mux.subscribe("cut")
+        channel = await mux.subscribe("tiny", "cut")
         await put(r, "cut", "a")
         abort = await put(r, "cut", "", "abort")
         assert [(await channel.get(5)).finish_reason for _ in range(2)] == [None, "abort"]
         assert channel.last_id == abort
-        await r.xdel(contracts.output("cut"), abort)  # what `revive` does before queueing the request again
+        await r.xdel(
+            contracts.output("tiny", "cut"), abort
+        )  # what `revive` does before queueing the request again
         await put(r, "cut", "b", "length")
-        await mux.resume("cut", channel)
+        await mux.resume("tiny", "cut", channel)
         event = await channel.get(5)
         assert (event.text, event.finish_reason) == ("b", "length")
 
@@ -85,17 +92,17 @@ def test_a_subscription_whose_wake_up_fails_is_not_left_behind(redis_url: str, f
             listener.close()
 
         async def body(r: aioredis.Redis, mux: OutputMux) -> None:
-            await mux.subscribe("busy")  # the reader now blocks on this stream
+            await mux.subscribe("tiny", "busy")  # the reader now blocks on this stream
             while not mux._blocked:
                 await asyncio.sleep(0.01)
             mux._control = aioredis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
             try:
                 with pytest.raises((RedisConnectionError, TimeoutError)):
                     async with asyncio.timeout(0.5):
-                        await mux.subscribe("late")
+                        await mux.subscribe("tiny", "late")
             finally:
                 await mux._control.aclose()
-            assert contracts.output("late") not in mux.subs
-            assert contracts.output("busy") in mux.subs
+            assert contracts.output("tiny", "late") not in mux.subs
+            assert contracts.output("tiny", "busy") in mux.subs
 
         run(redis_url, body)

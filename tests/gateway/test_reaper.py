@@ -21,10 +21,10 @@ def drain_queue_of(redis_url: str, worker_id: str, beating: bool) -> bool:
     async def main() -> bool:
         r = aioredis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
         try:
-            queue = contracts.queue(worker_id)
+            queue = contracts.queue("tiny", worker_id)
             await r.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
             if beating:  # the heartbeat arrived after the reaper's fleet snapshot was taken
-                await r.set(contracts.worker_state(worker_id), "{}", ex=3)
+                await r.set(contracts.worker_state("tiny", worker_id), "{}", ex=3)
             reaper = Reaper(r, Fleet(r), "reaper-test")  # its fleet view has no worker at all
             assert await reaper._drain(queue) == 0
             return bool(await r.exists(queue))
@@ -49,12 +49,12 @@ def reap_with_no_worker(redis_url: str, shared_queue: bool) -> tuple[int, int, b
     async def main() -> tuple[int, int, bytes | None]:
         r = aioredis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
         try:
-            dead, shared = contracts.queue("dead"), contracts.model_queue("tiny")
+            dead, shared = contracts.queue("tiny", "dead"), contracts.model_queue("tiny")
             await r.delete(dead, shared)
             await r.xgroup_create(dead, contracts.WORKER_GROUP, id="0", mkstream=True)
             msg = QueuedRequest("orphan", "tiny", (5, 6, 7), SamplingParams(max_tokens=3))
             entry = await r.xadd(dead, {contracts.QUEUE_FIELD: msg.to_json()})
-            record = contracts.request_record(msg.request_id)
+            record = contracts.request_record("tiny", msg.request_id)
             await r.hset(record, mapping={contracts.RECORD_QUEUE: dead, contracts.RECORD_ENTRY: entry})
             await r.xreadgroup(contracts.WORKER_GROUP, "dead", {dead: ">"})  # it held it, then died
             reaper = Reaper(r, Fleet(r), "reaper-test", shared_queue=shared_queue)
@@ -72,4 +72,8 @@ def test_with_the_shared_stream_on_a_dead_workers_entry_waits_there_for_a_worker
 
 
 def test_without_it_the_entry_stays_on_the_dead_queue_until_a_worker_lives(redis_url: str) -> None:
-    assert reap_with_no_worker(redis_url, shared_queue=False) == (1, 0, contracts.queue("dead").encode())
+    assert reap_with_no_worker(redis_url, shared_queue=False) == (
+        1,
+        0,
+        contracts.queue("tiny", "dead").encode(),
+    )

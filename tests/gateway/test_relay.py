@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.relay import ClientGone, EventChannel
+from gateway.event_channel import ClientGone, EventChannel
 from loragate.messages import OutputEvent
 
 

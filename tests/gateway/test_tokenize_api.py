@@ -32,7 +32,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 def gateway(redis_url: str, zoo: ZooPaths) -> Iterator[str]:
     r = redis.Redis.from_url(redis_url)
     state = WorkerState("tok-w1", BASE, str(zoo.base("tiny")), 1536, updated_at=time.time())
-    r.set(contracts.worker_state(state.worker_id), state.to_json(), ex=60)
+    r.set(contracts.worker_state(BASE, state.worker_id), state.to_json(), ex=60)
     for rec in (SHARED, BOBS):
         r.hset(contracts.ADAPTERS, rec.key, rec.to_json())
     try:
@@ -43,7 +43,7 @@ def gateway(redis_url: str, zoo: ZooPaths) -> Iterator[str]:
                 time.sleep(0.1)
             yield url
     finally:
-        r.delete(contracts.worker_state(state.worker_id))
+        r.delete(contracts.worker_state(BASE, state.worker_id))
         r.hdel(contracts.ADAPTERS, SHARED.key, BOBS.key)
         r.close()
 
@@ -101,7 +101,7 @@ WITH_TOOLS = [
 def queued_prompt(redis_url: str, gateway: str, body: dict[str, Any]) -> tuple[int, ...]:
     """The prompt token ids a chat request is queued with (no worker answers: the client then leaves)."""
     r = redis.Redis.from_url(redis_url)
-    queue = contracts.queue("tok-w1")
+    queue = contracts.queue(BASE, "tok-w1")
     r.delete(queue)
 
     def ask() -> None:

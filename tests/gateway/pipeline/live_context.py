@@ -47,8 +47,8 @@ async def live_context(
     r = aioredis.Redis.from_url(redis_url, socket_timeout=5)
     try:
         for w in workers:
-            await r.set(contracts.worker_state(w), worker_state(w, model_dir).to_json(), ex=60)
-            await r.xgroup_create(contracts.queue(w), contracts.WORKER_GROUP, id="0", mkstream=True)
+            await r.set(contracts.worker_state(BASE, w), worker_state(w, model_dir).to_json(), ex=60)
+            await r.xgroup_create(contracts.queue(BASE, w), contracts.WORKER_GROUP, id="0", mkstream=True)
     finally:
         await r.aclose()
     settings = GatewaySettings(redis_url, api_keys={"key-alice": TENANT}, redis_timeout_s=2.0)
@@ -112,4 +112,4 @@ def job(ctx: GatewayContext, request_id: str = "req-00000001", tokens: int = 40)
 
 
 async def put(r: aioredis.Redis, qid: str, event: OutputEvent) -> None:
-    await r.xadd(contracts.output(qid), {contracts.OUTPUT_FIELD: event.to_json()})
+    await r.xadd(contracts.output(BASE, qid), {contracts.OUTPUT_FIELD: event.to_json()})

@@ -37,7 +37,7 @@ def test_a_queued_request_holds_its_reservation(redis_url: str) -> None:
         decision, reservation, charge = routed(ctx, j)
         reader = await enqueue(ctx, j, decision, reservation, charge)
         assert reader.reservation is reservation and reservation.phase is Phase.QUEUED
-        assert await ctx.redis.xlen(contracts.queue(reservation.worker_id)) == 1
+        assert await ctx.redis.xlen(contracts.queue(BASE, reservation.worker_id)) == 1
         assert await ctx.decisions.get(decision.decision_id) is not None
         assert outstanding(ctx) == 1 and not charge.settled
         reader.finish()

@@ -64,7 +64,7 @@ async def queued(ctx: GatewayContext) -> dict[str, QueuedRequest]:
     """What waits on the workers' queues, by scoped request id."""
     out = {}
     for w in WORKERS:
-        for _, fields in await ctx.redis.xrange(contracts.queue(w)):
+        for _, fields in await ctx.redis.xrange(contracts.queue(BASE, w)):
             msg = QueuedRequest.from_json(fields[contracts.QUEUE_FIELD_BYTES])
             out[msg.request_id] = msg
     return out
@@ -392,7 +392,7 @@ def test_a_choice_stopped_while_it_waits_for_admission_is_cancelled_once_queued(
             with pytest.raises(APIError) as e:
                 await response
             assert e.value.status == 400
-            second = contracts.output(waiting)
+            second = contracts.output(BASE, waiting)
             deadline = time.monotonic() + 5
             while not await ctx.redis.exists(second):  # queued once its turn came, then cancelled
                 assert time.monotonic() < deadline, await queued(ctx)

@@ -33,7 +33,7 @@ async def aborted_then(
     `text`. Returns what the reader reads."""
     await put(ctx.redis, reader.job.qid, OutputEvent(finish_reason="abort"))
     reading = asyncio.ensure_future(reader.next(5))
-    queues = [queue] if queue else [contracts.queue(w) for w in WORKERS]
+    queues = [queue] if queue else [contracts.queue(BASE, w) for w in WORKERS]
     while not any([await ctx.redis.xlen(q) for q in queues]):
         await asyncio.sleep(0.01)
     await put(ctx.redis, reader.job.qid, OutputEvent(text=text, finish_reason="stop"))
@@ -64,7 +64,7 @@ def test_a_cancel_drops_a_request_no_worker_has_read(redis_url: str) -> None:
     async def body(ctx: GatewayContext) -> None:
         reader = await queued(ctx)
         assert reader.reservation is not None
-        queue = contracts.queue(reader.reservation.worker_id)
+        queue = contracts.queue(BASE, reader.reservation.worker_id)
         assert await ctx.redis.xlen(queue) == 1
         await reader.cancel()
         assert await ctx.redis.xlen(queue) == 0
@@ -81,12 +81,12 @@ def test_an_abort_continues_on_the_least_loaded_worker(first_token: bool, redis_
         before, other = reservation.worker_id, next(w for w in WORKERS if w != reservation.worker_id)
         if first_token:
             reader.first_token()
-        event = await aborted_then(ctx, reader, "go on", contracts.queue(other))
+        event = await aborted_then(ctx, reader, "go on", contracts.queue(BASE, other))
         assert event.text == "go on" and reader.continued == 1
         assert reader.reservation is reservation and reservation.worker_id == other
         assert load(ctx) == {before: 0, other: 1}
         assert ctx.router.state.queued_tokens == ({} if first_token else {other: 40})
-        assert await ctx.redis.xlen(contracts.queue(other)) == 1
+        assert await ctx.redis.xlen(contracts.queue(BASE, other)) == 1
         reader.finish()
         assert load(ctx) == {before: 0, other: 0} and ctx.router.state.queued_tokens == {}
 
@@ -99,7 +99,7 @@ def test_a_retry_that_continues_the_request_reserves_its_new_worker(redis_url: s
         first.finish()  # its handler left (its client went away): the request is still queued
         retry = await attach(ctx, job(ctx), BASE)
         assert first.reservation is not None
-        queue = contracts.queue(first.reservation.worker_id)
+        queue = contracts.queue(BASE, first.reservation.worker_id)
         await ctx.redis.delete(queue)  # the worker wrote the abort and dropped the entry
         assert (await aborted_then(ctx, retry, "on", None)).text == "on"
         assert retry.reservation is not None and retry.reservation.phase is Phase.QUEUED
