@@ -103,10 +103,16 @@ async def _poll_queues(url: str, poll_s: float, out: list[tuple[float, list[int]
 
 
 def scrape(urls: list[str]) -> dict[str, float]:
-    """Engine counters summed over the workers: `adapter_loads_{disk,host}`, `prefix_tokens_{hit,queried}`."""
+    """The workers' engine counters (`scrape_text`), read from their metrics endpoints."""
+    return scrape_text([httpx.get(url, timeout=10).text for url in urls])
+
+
+def scrape_text(texts: list[str]) -> dict[str, float]:
+    """Engine counters summed over the workers' Prometheus texts: `adapter_loads_{disk,host}`,
+    `prefix_tokens_{hit,queried}`."""
     totals: dict[str, float] = {}
-    for url in urls:
-        for name, labels, value in _SAMPLE.findall(httpx.get(url, timeout=10).text):
+    for text in texts:
+        for name, labels, value in _SAMPLE.findall(text):
             kind = re.search(r'(?:tier|kind)="(\w+)"', labels)
             if kind and name in (
                 "loragate_engine_adapter_loads_total",
