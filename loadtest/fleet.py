@@ -25,7 +25,7 @@ import argparse
 import json
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from loadtest.fleet_real import RealRun, adapter_links, fleet_policy, run_profile
 from loadtest.fleet_report import ProfileFigures, SimFigures, real_figures, sim_figures, write_report
+from loadtest.sim_autoscale import ScalingRule, Timeline, autoscale, rate_steps
 from loadtest.sim_worker import EngineModel
 from loadtest.sim_workload import SimRequest, SimWorkloadSpec, make_sim_workload
 from loadtest.simulate import FleetSpec, simulate
@@ -127,6 +128,37 @@ def goodput_sweep(
     return out
 
 
+def autoscaling(args: argparse.Namespace, engine: EngineModel) -> tuple[dict[str, Any], Timeline]:
+    """The default profile on an autoscaled simulated fleet (KEDA's rule, `loadtest.sim_autoscale`),
+    from zero workers: a quiet minute, a two-minute surge to `sim_workers / 4` workers' worth of load,
+    a quiet minute, then nothing."""
+    peak = max(2, args.sim_workers // 4)
+    per_worker = args.rate / args.workers  # the real run's offered load per worker
+    steps = [(60.0, per_worker), (120.0, per_worker * peak), (60.0, per_worker), (180.0, 0.0)]
+    count = int(sum(d * r for d, r in steps) * 1.5) + 10
+    pool = workload(
+        argparse.Namespace(**{**vars(args), "requests": count}), scale=max(1, peak // args.workers)
+    )
+    requests = rate_steps(pool, steps, args.seed)
+    rule = ScalingRule(target=8.0, max_workers=peak * 2, poll_s=2.0, cold_start_s=20.0, cooldown_s=60.0)
+    fleet_spec = FleetSpec(rule.max_workers, engine)
+    profile = parse_policy(fleet_policy("default")).profile("default")
+    result, timeline = autoscale(requests, profile, fleet_spec, rule, sum(d for d, _ in steps), args.seed)
+    live = [p[1] for p in timeline.points]
+    surge_at, top = steps[0][0], max(live, default=0)
+    ready = next((p[0] for p in timeline.points if p[0] >= surge_at and p[1] >= 0.9 * top), None)
+    figures = {
+        "requests": len(requests),
+        "peak_workers": top,
+        "scale_up_s": round(ready - surge_at, 1) if ready is not None else None,
+        "ttft_p50_ms": round(1000 * result.ttft_quantile(0.5), 1),
+        "ttft_p99_ms": round(1000 * result.ttft_quantile(0.99), 1),
+        "workers_at_end": live[-1] if live else 0,
+        "rule": asdict(rule),
+    }
+    return figures, timeline
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m loadtest.fleet", description=(__doc__ or "").split("\n")[0])
     p.add_argument("--out", default="loadtest_out/fleet", help="report directory")
@@ -174,12 +206,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.seed,
     )
     sweep = goodput_sweep(args, engine, names, (0.5, 1.0, 1.5, 2.0, 3.0, 4.0))
+    scaling, timeline = autoscaling(args, engine)
     figures: dict[str, ProfileFigures] = {
         n: real_figures(real[n], requests, warmup, args.slo_ms) for n in names
     }
     sims: dict[str, SimFigures] = {n: sim_figures(sim[n]) for n in names}
     scaled: dict[str, SimFigures] = {n: sim_figures(at_scale[n]) for n in names}
-    summary = write_report(out, args, figures, sims, scaled, sweep, real)
+    summary = write_report(out, args, figures, sims, scaled, sweep, real, timeline, {"autoscaling": scaling})
     print(json.dumps(summary))
     return summary
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from loadtest.fleet_real import RealRun
 from loadtest.procs import pct
+from loadtest.sim_autoscale import Timeline
 from loadtest.sim_report import ProfileResult
 from loadtest.sim_workload import SimRequest
 
@@ -131,6 +132,7 @@ def _plots(
     scaled: Mapping[str, SimFigures],
     sweep: Mapping[str, list[tuple[float, float]]],
     runs: Mapping[str, RealRun],
+    timeline: Timeline,
 ) -> list[str]:
     import matplotlib
 
@@ -206,6 +208,21 @@ def _plots(
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=30)
     save(fig, "at_scale.png")
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    t = [p[0] for p in timeline.points]
+    ax.step(t, [p[1] for p in timeline.points], where="post", label="live workers")
+    ax.step(t, [p[1] + p[2] for p in timeline.points], where="post", linestyle="--", label="live + starting")
+    ax.set_ylabel("workers")
+    twin = ax.twinx()
+    twin.plot(t, [p[3] for p in timeline.points], color="tab:gray", alpha=0.6, label="demand (requests)")
+    twin.plot(t, [p[4] for p in timeline.points], color="tab:red", alpha=0.6, label="waiting for a worker")
+    twin.set_ylabel("requests")
+    ax.set_xlabel("s")
+    ax.set_title("autoscaling reaction (simulated, KEDA rule, from zero)")
+    ax.legend(loc="upper left", fontsize=8)
+    twin.legend(loc="upper right", fontsize=8)
+    save(fig, "autoscaling.png")
     return paths
 
 
@@ -217,9 +234,11 @@ def write_report(
     scaled: Mapping[str, SimFigures],
     sweep: Mapping[str, list[tuple[float, float]]],
     runs: Mapping[str, RealRun],
+    timeline: Timeline,
+    extra: Mapping[str, Any],
 ) -> dict[str, Any]:
-    result = summary(args, real, sim, scaled)
-    result["plots"] = [str(out / p) for p in _plots(out, real, sim, scaled, sweep, runs)]
+    result = summary(args, real, sim, scaled) | dict(extra)
+    result["plots"] = [str(out / p) for p in _plots(out, real, sim, scaled, sweep, runs, timeline)]
     cols = [
         "ttft_p50_ms",
         "ttft_p99_ms",

@@ -127,8 +127,9 @@ class FleetSim:
         if not worker.busy and (duration := worker.start_step()) is not None:
             self.push(now + duration, STEP_END, k)
 
-    def arrive(self, request: SimRequest) -> None:
-        now = request.arrival_s
+    def arrive(self, request: SimRequest, now: float | None = None) -> None:
+        """Route `request` at `now` (its arrival by default; later when it waited to be placed)."""
+        now = request.arrival_s if now is None else now
         routed = self.routing.route(
             self.profile, sim_route_request(request, now), self.rng, request.request_id
         )
@@ -140,6 +141,10 @@ class FleetSim:
         k = self.index_of[routed.reservation.worker_id]
         self.workers[k].enqueue(request)
         self.kick(k, now)
+
+    def handle(self, kind: int, k: int, now: float) -> bool:
+        """An event a subclass handles itself (True), before the step ends and heartbeats here."""
+        return False
 
     def step_end(self, k: int, now: float) -> None:
         worker = self.workers[k]
@@ -162,6 +167,8 @@ class FleetSim:
         while i < len(requests) or self.events:
             if self.events and (i == len(requests) or self.events[0][0] <= requests[i].arrival_s):
                 now, kind, _, k = heapq.heappop(self.events)
+                if self.handle(kind, k, now):
+                    continue
                 if kind == STEP_END:
                     self.step_end(k, now)
                 elif i < len(requests):  # heartbeats only matter while requests still arrive

@@ -79,6 +79,9 @@ def test_a_small_run_reports_real_and_simulated_figures(
         )
         assert figures["sim_prefix_hit_error"] >= 0 and figures["sim_adapter_loads_error"] >= 0
     assert isinstance(summary["default_p99_below_every_baseline"], bool)
+    scaling = summary["autoscaling"]
+    assert scaling["peak_workers"] >= 1 and scaling["workers_at_end"] == 0 and scaling["requests"] > 0
+    assert {Path(p).name for p in summary["plots"]} >= {"ttft_cdf.png", "goodput.png", "autoscaling.png"}
     for plot in summary["plots"]:
         assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = Path(summary["report"]).read_text()
