@@ -27,14 +27,15 @@ def model_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+MODEL = "tiny-load"  # the load worker's --model-name
+
+
 @asynccontextmanager
 async def running(
     url: str, model_dir: Path, interval_s: float = 0.01, max_running: int = 0
 ) -> AsyncIterator[aioredis.Redis]:
     r = aioredis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
-    config = LoadWorkerConfig(
-        "load-t", "tiny-load", model_dir, interval_s, block_ms=20, max_running=max_running
-    )
+    config = LoadWorkerConfig("load-t", MODEL, model_dir, interval_s, block_ms=20, max_running=max_running)
     worker = LoadWorker(r, config)
     task = asyncio.create_task(worker.run())
     try:
@@ -42,7 +43,7 @@ async def running(
     finally:
         worker.drain()
         await asyncio.wait_for(task, 10)
-        assert await r.exists(contracts.worker_state("load-t")) == 0, "drain removes the heartbeat"
+        assert await r.exists(contracts.worker_state(MODEL, "load-t")) == 0, "drain removes the heartbeat"
         await r.aclose()
 
 
@@ -59,7 +60,7 @@ async def events_of(
     last = "0"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for _, entries in await r.xread({contracts.output(rid): last}, block=50) or []:
+        for _, entries in await r.xread({contracts.output(MODEL, rid): last}, block=50) or []:
             for entry_id, fields in entries:
                 last = entry_id
                 events.append(OutputEvent.from_json(fields[b"e"]))
@@ -85,8 +86,8 @@ async def queue_is_empty(r: aioredis.Redis) -> bool:
     """Acked and deleted (the ack follows the final event by one round trip)."""
 
     async def empty() -> bool:
-        pending = await r.xpending(contracts.queue("load-t"), contracts.WORKER_GROUP)
-        return int(pending["pending"]) == 0 and await r.xlen(contracts.queue("load-t")) == 0
+        pending = await r.xpending(contracts.queue(MODEL, "load-t"), contracts.WORKER_GROUP)
+        return int(pending["pending"]) == 0 and await r.xlen(contracts.queue(MODEL, "load-t")) == 0
 
     return await eventually(empty)
 
@@ -98,11 +99,11 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
 def test_emits_one_event_per_token_then_acks_and_heartbeats(redis_url: str, model_dir: Path) -> None:
     async def scenario() -> None:
         async with running(redis_url, model_dir) as r:
-            assert await eventually(lambda: r.exists(contracts.worker_state("load-t")))
-            state = WorkerState.from_json(await r.get(contracts.worker_state("load-t")))
+            assert await eventually(lambda: r.exists(contracts.worker_state(MODEL, "load-t")))
+            state = WorkerState.from_json(await r.get(contracts.worker_state(MODEL, "load-t")))
             assert (state.model, state.model_dir, state.max_model_len) == ("tiny-load", str(model_dir), 1024)
-            assert 0 < await r.ttl(contracts.worker_state("load-t")) <= 3
-            await r.xadd(contracts.queue("load-t"), {"m": request("r1", 6).to_json()})
+            assert 0 < await r.ttl(contracts.worker_state(MODEL, "load-t")) <= 3
+            await r.xadd(contracts.queue(MODEL, "load-t"), {"m": request("r1", 6).to_json()})
             events = await events_of(r, "r1", ended)
             assert [len(e.token_ids) for e in events] == [1] * 6
             assert all(e.text for e in events)
@@ -110,7 +111,7 @@ def test_emits_one_event_per_token_then_acks_and_heartbeats(redis_url: str, mode
             assert (events[-1].prompt_tokens, events[-1].completion_tokens) == (5, 6)
             assert {e.worker_id for e in events} == {"load-t"}
             assert await queue_is_empty(r)
-            assert 0 < await r.ttl(contracts.output("r1")) <= 600
+            assert 0 < await r.ttl(contracts.output(MODEL, "r1")) <= 600
 
     run(scenario)
 
@@ -118,7 +119,7 @@ def test_emits_one_event_per_token_then_acks_and_heartbeats(redis_url: str, mode
 def test_cancel_ends_the_sequence_with_abort(redis_url: str, model_dir: Path) -> None:
     async def scenario() -> None:
         async with running(redis_url, model_dir, interval_s=0.02) as r:
-            await r.xadd(contracts.queue("load-t"), {"m": request("r2", 10_000).to_json()})
+            await r.xadd(contracts.queue(MODEL, "load-t"), {"m": request("r2", 10_000).to_json()})
             await events_of(r, "r2", lambda ev: len(ev) >= 2)
             await r.publish(contracts.CANCEL, "r2")
             events = await events_of(r, "r2", ended)
@@ -133,9 +134,9 @@ def test_resumes_after_tokens_already_streamed(redis_url: str, model_dir: Path) 
     async def scenario() -> None:
         async with running(redis_url, model_dir) as r:
             earlier = OutputEvent(token_ids=(9, 10, 11), text="abc", completion_tokens=3, worker_id="dead")
-            await r.xadd(contracts.output("r3"), {"e": earlier.to_json()})
+            await r.xadd(contracts.output(MODEL, "r3"), {"e": earlier.to_json()})
             rerouted = dataclasses.replace(request("r3", 5), attempt=1)  # as the reaper re-routes it
-            await r.xadd(contracts.queue("load-t"), {"m": rerouted.to_json()})
+            await r.xadd(contracts.queue(MODEL, "load-t"), {"m": rerouted.to_json()})
             events = await events_of(r, "r3", ended)
             assert sum(len(e.token_ids) for e in events) == 3 + 2
             assert events[-1].completion_tokens == 5
@@ -150,11 +151,11 @@ def test_max_running_leaves_the_rest_queued(redis_url: str, model_dir: Path) -> 
     async def scenario() -> None:
         async with running(redis_url, model_dir, interval_s=0.02, max_running=2) as r:
             for i in range(3):
-                await r.xadd(contracts.queue("load-t"), {"m": request(f"m{i}", 100).to_json()})
+                await r.xadd(contracts.queue(MODEL, "load-t"), {"m": request(f"m{i}", 100).to_json()})
             first = await events_of(r, "m0", lambda ev: len(ev) >= 3)
-            assert first and not await r.exists(contracts.output("m2"))  # not started while two run
+            assert first and not await r.exists(contracts.output(MODEL, "m2"))  # not started while two run
             await asyncio.sleep(1.1)  # the next heartbeat
-            state = WorkerState.from_json(await r.get(contracts.worker_state("load-t")))
+            state = WorkerState.from_json(await r.get(contracts.worker_state(MODEL, "load-t")))
             assert (state.running, state.waiting) == (2, 1)
             events = await events_of(r, "m2", ended)
             assert events[-1].completion_tokens == 100

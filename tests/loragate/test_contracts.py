@@ -6,10 +6,12 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
+from redis.cluster import key_slot
 
 from loragate import contracts
 from loragate.contracts import ADAPTER_TIERS, AdapterTier, EventType, KVEvent
@@ -64,9 +66,9 @@ def test_malformed_events_are_refused(raw: str) -> None:
 @pytest.mark.parametrize(
     ("key", "pattern"),
     [
-        pytest.param(contracts.worker_state("w-1"), contracts.WORKER_STATE_PATTERN, id="heartbeat"),
-        pytest.param(contracts.queue("w-1"), contracts.QUEUE_PATTERN, id="queue"),
-        pytest.param(contracts.events("w-1"), contracts.EVENTS_PATTERN, id="events"),
+        pytest.param(contracts.worker_state("m", "w-1"), contracts.WORKER_STATE_PATTERN, id="heartbeat"),
+        pytest.param(contracts.queue("m", "w-1"), contracts.QUEUE_PATTERN, id="queue"),
+        pytest.param(contracts.events("m", "w-1"), contracts.EVENTS_PATTERN, id="events"),
     ],
 )
 def test_every_per_worker_key_matches_the_pattern_its_readers_scan_for(key: str, pattern: str) -> None:
@@ -75,8 +77,65 @@ def test_every_per_worker_key_matches_the_pattern_its_readers_scan_for(key: str,
     assert not any(fnmatch.fnmatchcase(key, p) for p in others)  # no reader picks up another's keys
 
 
-def test_a_queue_key_names_its_worker() -> None:
-    assert contracts.worker_id_of_queue(contracts.queue("gpu-7:a")) == "gpu-7:a"
+@pytest.mark.parametrize("key_of", [contracts.queue, contracts.worker_state, contracts.events])
+@pytest.mark.parametrize(("model", "worker"), [("tiny", "gpu-7:a"), ("org/base-7b:v1", "w:{x}:1")])
+def test_a_worker_key_names_its_model_and_worker(
+    key_of: Callable[[str, str], str], model: str, worker: str
+) -> None:
+    assert contracts.of_worker_key(key_of(model, worker)) == (model, worker)
+
+
+def test_a_models_request_path_keys_share_one_hash_tag_and_models_differ() -> None:
+    """Redis Cluster runs a script or transaction only over keys of one slot: every key a request's path
+    touches together carries its base model's tag (and a client id cannot break out of it)."""
+    rid = contracts.scoped_request_id("alice", "x}{y")
+
+    def keys(model: str) -> list[str]:
+        return [
+            contracts.queue(model, "w1"),
+            contracts.queue(model, "w2"),
+            contracts.model_queue(model),
+            contracts.output(model, rid),
+            contracts.request_record(model, rid),
+            contracts.worker_state(model, "w1"),
+            contracts.events(model, "w1"),
+        ]
+
+    assert {contracts.tag_of(k) for k in keys("tiny")} == {"tiny"}
+    assert {contracts.tag_of(k) for k in keys("org/base:v1")} == {"org/base:v1"}
+    assert {
+        contracts.tag_of(k) for k in (contracts.POLICY, contracts.POLICY_ACTIVE, contracts.POLICY_SEQ)
+    } == {"policy"}
+    assert {key_slot(k.encode()) for k in keys("tiny")} == {key_slot(b"{tiny}")}
+
+
+@pytest.mark.parametrize("name", ["", "a{b", "a}b", "{tiny}"])
+def test_a_model_name_that_would_break_its_hash_tag_is_refused(name: str) -> None:
+    with pytest.raises(ValueError):
+        contracts.check_model_name(name)
+
+
+def test_ordinary_model_names_are_accepted() -> None:
+    for name in ("tiny", "org/base-7b:v1", "Qwen2.5-0.5B"):
+        assert contracts.check_model_name(name) == name
+
+
+def test_a_models_queue_patterns_match_its_queues_only(redis_url: str) -> None:
+    """The glob characters of a model's name are matched literally (a real `SCAN MATCH`)."""
+    r = redis.Redis.from_url(redis_url)
+    try:
+        for model in ("a*b", "axxb", "a?b[1]"):
+            r.xadd(contracts.queue(model, "w1"), {"m": "x"})
+            r.xadd(contracts.model_queue(model), {"m": "x"})
+        workers, shared = contracts.queue_patterns("a*b")
+        assert [k.decode() for k in r.scan_iter(match=workers)] == [contracts.queue("a*b", "w1")]
+        assert [k.decode() for k in r.scan_iter(match=shared)] == [contracts.model_queue("a*b")]
+        workers, shared = contracts.queue_patterns("a?b[1]")
+        assert [k.decode() for k in r.scan_iter(match=workers)] == [contracts.queue("a?b[1]", "w1")]
+        everything = {k.decode() for p in contracts.queue_patterns() for k in r.scan_iter(match=p)}
+        assert len(everything) == 6
+    finally:
+        r.close()
 
 
 @pytest.mark.parametrize("client_id", ["cmpl-1234abcd", "retry:42.x_y-z", "a" * 128])
@@ -87,8 +146,8 @@ def test_request_ids_are_scoped_by_tenant_and_give_back_the_clients_id(client_id
     )
     assert alice != bob  # the same id from two tenants names two requests
     assert contracts.client_request_id(alice) == contracts.client_request_id(bob) == client_id
-    assert contracts.output(alice) != contracts.output(bob)
-    assert contracts.request_record(alice) != contracts.request_record(bob)
+    assert contracts.output("m", alice) != contracts.output("m", bob)
+    assert contracts.request_record("m", alice) != contracts.request_record("m", bob)
 
 
 def test_stream_fields_are_what_a_reader_gets_back_from_redis(redis_url: str) -> None:

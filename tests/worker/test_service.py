@@ -68,15 +68,15 @@ def start(zoo: ZooPaths, r: redis.Redis, worker_id: str = "w1") -> Iterator[Work
 
 
 def enqueue(r: redis.Redis, msg: QueuedRequest, worker_id: str = "w1") -> None:
-    r.xadd(contracts.queue(worker_id), {"m": msg.to_json()})
+    r.xadd(contracts.queue(msg.model, worker_id), {"m": msg.to_json()})
 
 
-def collect(r: redis.Redis, request_id: str, timeout: float = 60.0) -> list[OutputEvent]:
+def collect(r: redis.Redis, request_id: str, timeout: float = 60.0, model: str = "tiny") -> list[OutputEvent]:
     events: list[OutputEvent] = []
     last = "0"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        reply = r.xread({contracts.output(request_id): last}, block=200)
+        reply = r.xread({contracts.output(model, request_id): last}, block=200)
         for _, entries in reply or []:
             for entry_id, fields in entries:
                 last = entry_id
@@ -113,13 +113,13 @@ def test_requests_stream_out_and_are_acked_after_the_last_event(zoo: ZooPaths, c
             assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 10
             assert events[-1].prompt_tokens == len(m.prompt_token_ids) and events[-1].worker_id == "w1"
         time.sleep(1.2)  # a heartbeat after the last request
-        assert client.xpending(contracts.queue("w1"), contracts.WORKER_GROUP)["pending"] == 0
-        assert client.xlen(contracts.queue("w1")) == 0
-        state = WorkerState.from_json(client.get(contracts.worker_state("w1")))
+        assert client.xpending(contracts.queue("tiny", "w1"), contracts.WORKER_GROUP)["pending"] == 0
+        assert client.xlen(contracts.queue("tiny", "w1")) == 0
+        state = WorkerState.from_json(client.get(contracts.worker_state("tiny", "w1")))
         assert state.model == "tiny" and state.kv_blocks_total == 256 and not state.draining
         assert "tiny:qv-r8" in state.adapters_device
         assert b"tiny" in client.hkeys(contracts.MODELS)  # the fleet remembers the base model
-    assert client.get(contracts.worker_state("w1")) is None
+    assert client.get(contracts.worker_state("tiny", "w1")) is None
 
 
 def test_bad_adapter_guide_and_deadline_become_error_events(zoo: ZooPaths, client: redis.Redis) -> None:
@@ -141,7 +141,7 @@ def test_cancel_aborts_a_running_request(zoo: ZooPaths, client: redis.Redis) -> 
     with start(zoo, client):
         long = QueuedRequest("long", "tiny", prompt(2), SamplingParams(max_tokens=1500, ignore_eos=True))
         enqueue(client, long)
-        client.xread({contracts.output("long"): "0"}, block=30000)  # wait for the first token
+        client.xread({contracts.output("tiny", "long"): "0"}, block=30000)  # wait for the first token
         client.publish(contracts.CANCEL, "long")
         events = collect(client, "long")
         assert events[-1].finish_reason == "abort" and len(events) < 1500
@@ -151,11 +151,11 @@ def test_restart_resumes_after_tokens_already_streamed(zoo: ZooPaths, client: re
     msg = QueuedRequest("resume", "tiny", prompt(3), SamplingParams(max_tokens=12, ignore_eos=True))
     expected = offline(zoo, Request("x", msg.prompt_token_ids, msg.params))
     # A previous incarnation of w1 read the entry and streamed 5 tokens, then died before acking.
-    client.xgroup_create(contracts.queue("w1"), contracts.WORKER_GROUP, id="0", mkstream=True)
+    client.xgroup_create(contracts.queue("tiny", "w1"), contracts.WORKER_GROUP, id="0", mkstream=True)
     enqueue(client, msg)
-    client.xreadgroup(contracts.WORKER_GROUP, "w1", {contracts.queue("w1"): ">"}, count=1)
+    client.xreadgroup(contracts.WORKER_GROUP, "w1", {contracts.queue("tiny", "w1"): ">"}, count=1)
     first = OutputEvent(token_ids=tuple(expected[:5]), text="", prompt_tokens=24, completion_tokens=5)
-    client.xadd(contracts.output("resume"), {"e": first.to_json()})
+    client.xadd(contracts.output("tiny", "resume"), {"e": first.to_json()})
     with start(zoo, client):
         events = collect(client, "resume")
     assert [t for e in events for t in e.token_ids] == expected
@@ -170,9 +170,9 @@ def test_a_queue_that_vanished_is_made_again_and_serves(zoo: ZooPaths, client: r
         first = QueuedRequest("v1", "tiny", prompt(1), SamplingParams(max_tokens=3, ignore_eos=True))
         enqueue(client, first)
         assert collect(client, "v1")[-1].finish_reason == "length"
-        client.delete(contracts.queue("w1"))
+        client.delete(contracts.queue("tiny", "w1"))
         deadline = time.monotonic() + 10
-        while not client.exists(contracts.queue("w1")) and time.monotonic() < deadline:
+        while not client.exists(contracts.queue("tiny", "w1")) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert thread.is_alive()
         enqueue(client, QueuedRequest("v2", "tiny", prompt(2), SamplingParams(max_tokens=3, ignore_eos=True)))

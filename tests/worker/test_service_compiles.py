@@ -69,7 +69,7 @@ def guided(rid: str, seed: int, guide: str = CHOICE) -> QueuedRequest:
 
 
 def pending(r: redis.Redis) -> int:
-    return int(r.xpending(contracts.queue("w1"), contracts.WORKER_GROUP)["pending"])
+    return int(r.xpending(contracts.queue("tiny", "w1"), contracts.WORKER_GROUP)["pending"])
 
 
 def test_a_slow_compile_stops_no_running_sequence(zoo: ZooPaths, client: redis.Redis) -> None:
@@ -79,13 +79,13 @@ def test_a_slow_compile_stops_no_running_sequence(zoo: ZooPaths, client: redis.R
         enqueue(
             client, QueuedRequest("long", "tiny", prompt(1), SamplingParams(max_tokens=1500, ignore_eos=True))
         )
-        client.xread({contracts.output("long"): "0"}, block=30000)  # its first token
+        client.xread({contracts.output("tiny", "long"): "0"}, block=30000)  # its first token
         enqueue(client, guided("g", 2))
         wait_for(lambda: "g" in service.intake.compiles, "the compile")
-        steps, events = engine.last_snapshot.steps, client.xlen(contracts.output("long"))
+        steps, events = engine.last_snapshot.steps, client.xlen(contracts.output("tiny", "long"))
         time.sleep(1.0)  # the compile holds on; on the step thread it would hold every sequence
         assert engine.last_snapshot.steps >= steps + 5
-        assert client.xlen(contracts.output("long")) >= events + 5
+        assert client.xlen(contracts.output("tiny", "long")) >= events + 5
         assert "g" in service.intake.compiles and "g" not in engine.requests
         gated.gate.set()
         done = collect(client, "g")
@@ -124,7 +124,7 @@ def test_a_cancel_during_the_compile_aborts_the_request_before_it_starts(
         wait_for(lambda: pending(client) == 0, "the ack")
         gated.gate.set()  # the compile ends after the cancel: the request must not start now
         time.sleep(0.5)
-        assert client.xlen(contracts.output("c")) == 1
+        assert client.xlen(contracts.output("tiny", "c")) == 1
         assert "c" not in service.engine.requests and service.engine.last_snapshot.steps == 0
 
 
@@ -247,7 +247,7 @@ def test_a_drain_while_redis_is_down_leaves_a_compiling_request_pending(zoo: Zoo
             assert not thread.is_alive(), "the worker ignored the drain while Redis was down"
             server.start()
             client = server.client()
-            assert pending(client) == 1 and client.xlen(contracts.output("kept")) == 0
+            assert pending(client) == 1 and client.xlen(contracts.output("tiny", "kept")) == 0
         finally:
             gated.gate.set()
             service.drain()

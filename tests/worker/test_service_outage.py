@@ -69,7 +69,7 @@ def test_a_redis_crash_mid_generation_loses_no_output_and_repeats_none(
             for m in msgs:
                 enqueue(client, m)
             wait_for(
-                lambda: all(client.xlen(contracts.output(m.request_id)) >= 3 for m in msgs),
+                lambda: all(client.xlen(contracts.output("tiny", m.request_id)) >= 3 for m in msgs),
                 60,
                 "first tokens",
             )
@@ -84,8 +84,8 @@ def test_a_redis_crash_mid_generation_loses_no_output_and_repeats_none(
                 assert tokens == expected[m.request_id], m.request_id  # nothing lost, nothing repeated
                 assert [e.completion_tokens for e in events] == list(range(1, 151))
                 assert events[-1].finish_reason == "length"
-            wait_for(lambda: client.xlen(contracts.queue("w1")) == 0, 10, "the acks")
-            wait_for(lambda: client.exists(contracts.worker_state("w1")), 10, "the heartbeat")
+            wait_for(lambda: client.xlen(contracts.queue("tiny", "w1")) == 0, 10, "the acks")
+            wait_for(lambda: client.exists(contracts.worker_state("tiny", "w1")), 10, "the heartbeat")
             assert service.outages == 1
             # Re-announced: adapters (the registry was lost without persistence) and the consumer group.
             assert client.hexists(contracts.ADAPTERS, "tiny:qv-r8")
@@ -105,7 +105,7 @@ def test_a_worker_started_before_redis_joins_when_it_comes_up(zoo: ZooPaths) -> 
             client = server.client()
             params = SamplingParams(max_tokens=4, ignore_eos=True)
             msg = QueuedRequest("late-redis", "tiny", prompt(5), params)
-            wait_for(lambda: client.exists(contracts.worker_state("w1")), 10, "the heartbeat")
+            wait_for(lambda: client.exists(contracts.worker_state("tiny", "w1")), 10, "the heartbeat")
             enqueue(client, msg)
             assert collect(client, "late-redis")[-1].completion_tokens == 4
             assert client.hexists(contracts.ADAPTERS, "tiny:qv-r8")  # the adapter directory was published
@@ -117,13 +117,13 @@ def test_a_request_reaped_while_the_worker_was_away_is_dropped_and_a_lost_one_qu
     aof: RedisProcess,
 ) -> None:
     r = aof.client()
-    queue = contracts.queue("w1")
+    queue = contracts.queue("tiny", "w1")
     r.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
     msgs = [QueuedRequest(f"q{i}", "tiny", prompt(i), SamplingParams(max_tokens=8)) for i in range(3)]
     for m in msgs:
         r.xadd(queue, {"m": m.to_json()})
     read = r.xreadgroup(contracts.WORKER_GROUP, "w1", {queue: ">"})[0][1]
-    ledger = Ledger(r, "w1")
+    ledger = Ledger(r, "w1", "tiny")
     for (entry_id, _), m in zip(read, msgs, strict=True):
         ledger.hold(Held(entry_id.decode(), m))
     # A reaper took q0 over while w1 was out of reach (claimed, re-queued elsewhere, deleted here).
@@ -151,7 +151,7 @@ def test_a_request_reaped_while_the_worker_was_away_is_dropped_and_a_lost_one_qu
 def test_no_command_reaches_a_restarted_redis_before_the_owner_accepts_it(aof: RedisProcess) -> None:
     r = aof.client()
     guard = ServerGuard()
-    guard.install(r)
+    guard.install(r, contracts.queue("tiny", "w1"))
     guard.accept(server_run_id(r.info("server")))
     r.set("k", "v")
     aof.restart()
@@ -168,7 +168,7 @@ def test_the_heartbeat_outlives_an_engine_step_longer_than_its_ttl(zoo: ZooPaths
     heartbeat TTL of 0.5 s: the worker must stay alive all through it."""
     r = connect_sync(aof.url)
     ttl = 0.5
-    beats = Heartbeat(aof.client(), "w1", interval_s=0.1, ttl_s=ttl)
+    beats = Heartbeat(aof.client(), "w1", "small", interval_s=0.1, ttl_s=ttl)
     engine = LLMEngine(zoo.base("small"), EngineConfig(max_num_batched_tokens=8192, num_kv_blocks=1024))
     service = WorkerService(engine, r, "w1", "small", AdapterRegistry(r, "small"), heartbeat=beats)
     steps: list[float] = []
@@ -183,7 +183,7 @@ def test_the_heartbeat_outlives_an_engine_step_longer_than_its_ttl(zoo: ZooPaths
     engine.step = timed_step  # type: ignore[method-assign]
     client = aof.client()
     with running(service):
-        wait_for(lambda: client.exists(contracts.worker_state("w1")), 10, "the first heartbeat")
+        wait_for(lambda: client.exists(contracts.worker_state("small", "w1")), 10, "the first heartbeat")
         missing = 0
         for i in range(4):
             long_prompt = tuple((7 * j + i) % 4000 + 10 for j in range(2000))
@@ -193,14 +193,14 @@ def test_the_heartbeat_outlives_an_engine_step_longer_than_its_ttl(zoo: ZooPaths
         def watch() -> None:
             nonlocal missing
             while not done.is_set():
-                missing += not client.exists(contracts.worker_state("w1"))  # the worker looks dead
+                missing += not client.exists(contracts.worker_state("small", "w1"))  # the worker looks dead
                 time.sleep(0.02)
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         try:
             for i in range(4):
-                assert collect(client, f"big{i}", timeout=120)[-1].finish_reason == "length"
+                assert collect(client, f"big{i}", timeout=120, model="small")[-1].finish_reason == "length"
         finally:
             done.set()
             watcher.join(5)
@@ -213,17 +213,17 @@ def test_the_heartbeat_outlives_an_engine_step_longer_than_its_ttl(zoo: ZooPaths
 
 def test_a_silent_engine_loop_lets_the_heartbeat_lapse(aof: RedisProcess) -> None:
     r = aof.client()
-    beats = Heartbeat(r, "w1", interval_s=0.05, ttl_s=0.3, stale_after_s=0.4)
+    beats = Heartbeat(r, "w1", "tiny", interval_s=0.05, ttl_s=0.3, stale_after_s=0.4)
     beats.publish(WorkerState("w1", "tiny", "/m", 64))
     beats.start()
     try:
-        wait_for(lambda: r.exists(contracts.worker_state("w1")), 5, "a heartbeat")
-        wait_for(lambda: not r.exists(contracts.worker_state("w1")), 5, "the heartbeat to lapse")
+        wait_for(lambda: r.exists(contracts.worker_state("tiny", "w1")), 5, "a heartbeat")
+        wait_for(lambda: not r.exists(contracts.worker_state("tiny", "w1")), 5, "the heartbeat to lapse")
         beats.publish(WorkerState("w1", "tiny", "/m", 64))  # the loop is back
-        wait_for(lambda: r.exists(contracts.worker_state("w1")), 5, "the heartbeat again")
+        wait_for(lambda: r.exists(contracts.worker_state("tiny", "w1")), 5, "the heartbeat again")
     finally:
         beats.remove()
-    assert not r.exists(contracts.worker_state("w1"))
+    assert not r.exists(contracts.worker_state("tiny", "w1"))
     r.close()
 
 
@@ -248,7 +248,7 @@ def test_a_drain_while_redis_is_down_stops_the_worker_promptly(zoo: ZooPaths, ao
     try:
         params = SamplingParams(max_tokens=1500, ignore_eos=True)
         enqueue(client, QueuedRequest("long", "tiny", prompt(3), params))
-        wait_for(lambda: client.xlen(contracts.output("long")) >= 3, 60, "first tokens")
+        wait_for(lambda: client.xlen(contracts.output("tiny", "long")) >= 3, 60, "first tokens")
         aof.kill()
         time.sleep(0.5)  # the worker is in its outage loop now
         assert thread.is_alive()
@@ -260,7 +260,7 @@ def test_a_drain_while_redis_is_down_stops_the_worker_promptly(zoo: ZooPaths, ao
         assert took < 5.0, f"the drain took {took:.1f} s"
         aof.start()
         client = aof.client()
-        pending = client.xpending(contracts.queue("w1"), contracts.WORKER_GROUP)
+        pending = client.xpending(contracts.queue("tiny", "w1"), contracts.WORKER_GROUP)
         assert pending["pending"] == 1  # left for a reaper, not acknowledged
     finally:
         service.drain()
@@ -314,7 +314,7 @@ def test_an_entry_read_by_a_lost_reply_is_started_even_when_the_worker_is_full(
         wait_for(lambda: len(engine.scheduler.waiting) == 1, 30, "a full worker")
         # A read as w1 whose reply never arrived: the entry is pending on w1, unknown to it.
         enqueue(client, QueuedRequest("stranded", "tiny", prompt(3), SamplingParams(max_tokens=4)))
-        client.xreadgroup(contracts.WORKER_GROUP, "w1", {contracts.queue("w1"): ">"})
+        client.xreadgroup(contracts.WORKER_GROUP, "w1", {contracts.queue("tiny", "w1"): ">"})
         outages = service.outages
         client.client_pause(1000)  # the worker's next command times out: it re-syncs when Redis answers
         wait_for(lambda: service.outages > outages, 30, "the re-sync")
@@ -328,7 +328,7 @@ def test_a_request_queued_again_after_redis_lost_it_keeps_its_record(aof: RedisP
     """The gateway finds a request through its record (`lg:req:{id}`: queue, entry); once the worker queued
     a running request again under a new entry id, a client's retry with the same id must attach to it."""
     r = aof.client()
-    queue = contracts.queue("w1")
+    queue = contracts.queue("tiny", "w1")
     r.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
     msg = QueuedRequest("kept", "tiny", prompt(1), SamplingParams(max_tokens=8))
     fp = fingerprint(msg)
@@ -337,7 +337,7 @@ def test_a_request_queued_again_after_redis_lost_it_keeps_its_record(aof: RedisP
         """The gateway queues the request (its first try), or finds it (a retry); on its own loop."""
         store_client = connect_async(aof.url)
         try:
-            store = RequestStore(store_client, ttl_s=600)
+            store = RequestStore(store_client, ttl_s=600, model="tiny")
             if retry:
                 return await store.exists("kept", fp)
             pipe = store_client.pipeline(transaction=False)
@@ -348,13 +348,13 @@ def test_a_request_queued_again_after_redis_lost_it_keeps_its_record(aof: RedisP
 
     assert asyncio.run(gateway(retry=False))
     (old_id, _), *_ = r.xreadgroup(contracts.WORKER_GROUP, "w1", {queue: ">"})[0][1]
-    ledger = Ledger(r, "w1")
+    ledger = Ledger(r, "w1", "tiny")
     ledger.hold(Held(old_id.decode(), msg))
     r.xack(queue, contracts.WORKER_GROUP, old_id)  # Redis lost the entry (no output written yet either)
     r.xdel(queue, old_id)
     assert ledger.reclaim(lost=True) == ([], [])
     new_id = ledger.active["kept"].entry_id
-    record = r.hgetall(contracts.request_record("kept"))
+    record = r.hgetall(contracts.request_record("tiny", "kept"))
     assert record[b"queue"].decode() == queue and record[b"entry"].decode() == new_id
     # A client's retry attaches to the running request instead of queueing a second copy.
     assert asyncio.run(gateway(retry=True))
@@ -365,11 +365,11 @@ def test_an_entry_whose_read_redis_lost_is_not_started_a_second_time(aof: RedisP
     """An AOF restart may keep an entry but lose its read (the last second): the worker queues its running
     request again, and the old, now unread entry must not come back to it as a new request."""
     r = aof.client()
-    queue = contracts.queue("w1")
+    queue = contracts.queue("tiny", "w1")
     r.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
     msg = QueuedRequest("once", "tiny", prompt(1), SamplingParams(max_tokens=8))
     old_id = r.xadd(queue, {"m": msg.to_json()}).decode()  # read by w1, but Redis lost the read
-    ledger = Ledger(r, "w1")
+    ledger = Ledger(r, "w1", "tiny")
     ledger.hold(Held(old_id, msg))
     assert ledger.reclaim(lost=True) == ([], [])  # nothing else to start
     entries = r.xrange(queue)

@@ -20,7 +20,7 @@ def share(r: redis.Redis, msg: QueuedRequest) -> str:
     """Queue `msg` on its model's shared stream with a record pointing at it, as a gateway does."""
     queue = contracts.model_queue(msg.model)
     entry = r.xadd(queue, {contracts.QUEUE_FIELD: msg.to_json()}).decode()
-    record = contracts.request_record(msg.request_id)
+    record = contracts.request_record(msg.model, msg.request_id)
     r.hset(record, mapping={contracts.RECORD_QUEUE: queue, contracts.RECORD_ENTRY: entry})
     return entry
 
@@ -44,8 +44,8 @@ def test_two_workers_take_the_shared_stream_each_entry_once(zoo: ZooPaths, clien
             assert len(tokens) == 6  # one run each: a second would have written its own events
             ran_on[m.request_id] = worker = events[-1].worker_id
             # The record follows the entry onto the worker's own queue (a retry or a reaper finds it).
-            queue = client.hget(contracts.request_record(m.request_id), contracts.RECORD_QUEUE)
-            assert queue == contracts.queue(worker).encode()
+            queue = client.hget(contracts.request_record("tiny", m.request_id), contracts.RECORD_QUEUE)
+            assert queue == contracts.queue("tiny", worker).encode()
         assert w1.intake.stolen + w2.intake.stolen == len(msgs)
         assert set(ran_on.values()) <= {"w1", "w2"}
         assert client.xlen(contracts.model_queue("tiny")) == 0
