@@ -31,8 +31,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loadtest.fleet_real import RealRun, adapter_links, fleet_policy, run_profile
-from loadtest.fleet_report import ProfileFigures, SimFigures, real_figures, sim_figures, write_report
+from loadtest.fleet_guidellm import guidellm_available
+from loadtest.fleet_real import RealRun, adapter_links, fleet_policy, run_profile, run_tool
+from loadtest.fleet_report import (
+    FleetResults,
+    ProfileFigures,
+    SimFigures,
+    real_figures,
+    sim_figures,
+    write_report,
+)
 from loadtest.sim_autoscale import ScalingRule, Timeline, autoscale, rate_steps
 from loadtest.sim_worker import EngineModel
 from loadtest.sim_workload import SimRequest, SimWorkloadSpec, make_sim_workload
@@ -41,20 +49,19 @@ from policies.document import parse_policy
 from worker.modelzoo.make import ensure_zoo
 
 PROFILES = ("default", "least-loaded", "round-robin", "prefix-only", "adapter-only")
+# Requests sized for the tiny model (its vocabulary) on CPUs: system prompts, user suffixes, outputs.
+SHAPE = SimWorkloadSpec(system_len=(96, 320), suffix_len=(8, 48), output_len=(8, 48), vocab_size=8192)
 
 
 def workload(args: argparse.Namespace, scale: int = 1) -> list[SimRequest]:
     """The workload: `scale` times the requests, rate, tenants, adapters and prompts of the real one."""
-    spec = SimWorkloadSpec(
+    spec = replace(
+        SHAPE,
         num_requests=args.requests * scale,
         rate=args.rate * scale,
         num_adapters=args.adapters * scale,
         num_system_prompts=args.system_prompts * scale,
         num_tenants=8 * scale,
-        system_len=(96, 320),
-        suffix_len=(8, 48),
-        output_len=(8, 48),
-        vocab_size=8192,  # the tiny model's
         seed=args.seed,
     )
     return with_bursts(make_sim_workload(spec), args.burst_every_s, args.burst_size)
@@ -128,12 +135,41 @@ def goodput_sweep(
     return out
 
 
+def outside_tool(
+    args: argparse.Namespace,
+    requests: list[SimRequest],
+    work: Path,
+    links: dict[str, Path],
+    flags: list[str],
+    profile: str,
+) -> dict[str, Any]:
+    """guidellm on a fresh stack with `profile`, at the same rate, as many requests of the workload's mean
+    prompt and output lengths (its own synthetic prompts: no shared prefixes, no adapters)."""
+    if args.no_guidellm or not guidellm_available():
+        return {"skipped": "--no-guidellm" if args.no_guidellm else "guidellm is not installed"}
+    prompt = round(sum(r.prompt_tokens for r in requests) / len(requests))
+    output = round(sum(r.output_tokens for r in requests) / len(requests))
+    figures = run_tool(
+        profile,
+        work,
+        ensure_zoo().base("tiny"),
+        links,
+        args.workers,
+        flags,
+        args.rate,
+        len(requests),
+        prompt,
+        output,
+    )
+    return {"profile": profile, "prompt_tokens": prompt, "output_tokens": output, **figures}
+
+
 def autoscaling(args: argparse.Namespace, engine: EngineModel) -> tuple[dict[str, Any], Timeline]:
     """The default profile on an autoscaled simulated fleet (KEDA's rule, `loadtest.sim_autoscale`),
-    from zero workers: a quiet minute, a two-minute surge to `sim_workers / 4` workers' worth of load,
-    a quiet minute, then nothing."""
+    from zero workers: a quiet minute, a two-minute surge to `sim_workers / 4` workers' worth of load
+    (70 % of what a calibrated worker saturates at, each), a quiet minute, then nothing."""
     peak = max(2, args.sim_workers // 4)
-    per_worker = args.rate / args.workers  # the real run's offered load per worker
+    per_worker = 0.7 * engine.saturation_rps(SHAPE.mean_prompt_tokens, SHAPE.mean_output_tokens)
     steps = [(60.0, per_worker), (120.0, per_worker * peak), (60.0, per_worker), (180.0, 0.0)]
     count = int(sum(d * r for d, r in steps) * 1.5) + 10
     pool = workload(
@@ -178,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sim-workers", type=int, default=200, help="the simulated fleet at scale")
     p.add_argument("--sim-prefill-tok-s", type=float, default=6000.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-guidellm", action="store_true", help="skip the guidellm run beside ours")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             real[name] = run_profile(
                 name, requests, Path(tmp) / name, zoo.base("tiny"), links, args.workers, flags
             )
+        tool = outside_tool(args, requests, Path(tmp) / "guidellm", links, flags, names[0])
     engine = calibrated(real[names[0]], args)
     sim = sim_profiles(requests, args.workers, engine, names, 0, args.seed)
     scale = max(1, args.sim_workers // args.workers)
@@ -212,7 +250,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     sims: dict[str, SimFigures] = {n: sim_figures(sim[n]) for n in names}
     scaled: dict[str, SimFigures] = {n: sim_figures(at_scale[n]) for n in names}
-    summary = write_report(out, args, figures, sims, scaled, sweep, real, timeline, {"autoscaling": scaling})
+    results = FleetResults(figures, sims, scaled, sweep, real, timeline)
+    summary = write_report(out, args, results, {"autoscaling": scaling, "guidellm": tool})
     print(json.dumps(summary))
     return summary
 

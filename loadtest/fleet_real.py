@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from loadtest.fleet_guidellm import run_guidellm
 from loadtest.serve_clients import StreamStats, http_request, stream_one
 from loadtest.serve_stack import API_KEY, ServeStack
 from loadtest.sim_workload import SimRequest
@@ -158,3 +159,37 @@ def run_profile(
     return RealRun(
         profile, stats, wall, depth, counters, int(state["kv_blocks_total"]), int(state["max_adapters"])
     )
+
+
+def run_tool(
+    profile: str,
+    work: Path,
+    model_dir: Path,
+    adapters: dict[str, Path],
+    workers: int,
+    worker_flags: list[str],
+    rate: float,
+    requests: int,
+    prompt_tokens: int,
+    output_tokens: int,
+) -> dict[str, float]:
+    """guidellm (`loadtest.fleet_guidellm`) against a fresh stack like `run_profile`'s, at `rate`."""
+    work.mkdir(parents=True, exist_ok=True)
+    with ServeStack(
+        work, model_dir, MODEL, adapters, worker_flags, workers=workers, admin_token=ADMIN_TOKEN
+    ) as stack:
+        stack.wait_ready()
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        resp = httpx.put(f"{stack.url}/admin/policy", json=fleet_policy(profile), headers=headers, timeout=10)
+        resp.raise_for_status()
+        return run_guidellm(
+            stack.url,
+            API_KEY,
+            MODEL,
+            model_dir,
+            rate,
+            requests,
+            prompt_tokens,
+            output_tokens,
+            work / "guidellm",
+        )

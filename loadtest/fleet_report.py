@@ -125,20 +125,33 @@ def summary(
     return out
 
 
-def _plots(
-    out: Path,
-    real: Mapping[str, ProfileFigures],
-    sim: Mapping[str, SimFigures],
-    scaled: Mapping[str, SimFigures],
-    sweep: Mapping[str, list[tuple[float, float]]],
-    runs: Mapping[str, RealRun],
-    timeline: Timeline,
-) -> list[str]:
+@dataclass
+class FleetResults:
+    """Everything a fleet run measured: per profile, the real figures, the simulator's on the same
+    requests and at scale, the simulated goodput sweep and the real runs; the autoscaling timeline."""
+
+    real: Mapping[str, ProfileFigures]
+    sim: Mapping[str, SimFigures]
+    scaled: Mapping[str, SimFigures]
+    sweep: Mapping[str, list[tuple[float, float]]]
+    runs: Mapping[str, RealRun]
+    timeline: Timeline
+
+
+def _plots(out: Path, results: FleetResults) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    real, sim, scaled, sweep, runs, timeline = (
+        results.real,
+        results.sim,
+        results.scaled,
+        results.sweep,
+        results.runs,
+        results.timeline,
+    )
     names, paths = list(real), []
 
     def save(fig: Any, name: str) -> None:
@@ -227,18 +240,10 @@ def _plots(
 
 
 def write_report(
-    out: Path,
-    args: argparse.Namespace,
-    real: Mapping[str, ProfileFigures],
-    sim: Mapping[str, SimFigures],
-    scaled: Mapping[str, SimFigures],
-    sweep: Mapping[str, list[tuple[float, float]]],
-    runs: Mapping[str, RealRun],
-    timeline: Timeline,
-    extra: Mapping[str, Any],
+    out: Path, args: argparse.Namespace, results: FleetResults, extra: Mapping[str, Any]
 ) -> dict[str, Any]:
-    result = summary(args, real, sim, scaled) | dict(extra)
-    result["plots"] = [str(out / p) for p in _plots(out, real, sim, scaled, sweep, runs, timeline)]
+    result = summary(args, results.real, results.sim, results.scaled) | dict(extra)
+    result["plots"] = [str(out / p) for p in _plots(out, results)]
     cols = [
         "ttft_p50_ms",
         "ttft_p99_ms",
@@ -257,6 +262,15 @@ def write_report(
     head = "".join(
         f"<th>{c}</th>" for c in ["profile", *cols, "sim hit", "sim loads", "scale hit", "scale p99"]
     )
+    tool = result.get("guidellm") or {}
+    if "ttft_p50_ms" in tool and tool.get("profile") in result["profiles"]:
+        ours = result["profiles"][tool["profile"]]
+        keys = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
+        rows.append(
+            f"<tr><th>guidellm ({html.escape(tool['profile'])}, synthetic)</th>"
+            + "".join(f"<td>{tool[k]:.1f}</td>" for k in keys)
+            + f"<td colspan=8>ours: {', '.join(f'{k} {ours[k]}' for k in keys)}</td></tr>"
+        )
     images = "".join(f'<p><img src="{Path(p).name}"></p>' for p in result["plots"])
     text = (
         "<!doctype html><meta charset=utf-8><title>loragate fleet load test</title>"
