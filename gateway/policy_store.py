@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from loragate import contracts
 from loragate.redis_retry import Backoff, OutageLog, is_outage
@@ -32,6 +33,25 @@ P = TypeVar("P")
 class PolicyStore:
     def __init__(self, r: aioredis.Redis):
         self.redis = r
+
+    async def migrate(self) -> int:
+        """Copy the policy keys an earlier loragate wrote (untagged) to today's, where those are absent;
+        returns how many it copied. Key by key (`DUMP`/`RESTORE ... NX`-style), so it runs on a cluster too,
+        and any number of gateways may run it at once."""
+        copied = 0
+        for old, new in contracts.LEGACY_POLICY_KEYS.items():
+            dumped = await self.redis.dump(old)
+            if dumped is None:
+                continue
+            try:
+                await self.redis.restore(new, 0, dumped)
+                copied += 1
+            except ResponseError as e:  # BUSYKEY: already there (another gateway copied it, or newer)
+                if "BUSYKEY" not in str(e):
+                    raise
+        if copied:
+            log.info("copied %d policy keys from the layout before hash tags", copied)
+        return copied
 
     async def active_version(self) -> int | None:
         raw = await self.redis.get(contracts.POLICY_ACTIVE)
@@ -118,6 +138,10 @@ class PolicyHolder(Generic[P]):
             self.shadow = self.parse(shadow) if shadow is not None else None
 
     async def start(self) -> None:
+        try:
+            await self.store.migrate()
+        except Exception as e:  # Redis down: the next start copies them
+            log.warning("could not look for policy keys of an earlier version: %r", e)
         await self._safe_reload()  # Redis down: the default policy until it is back
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
 

@@ -28,6 +28,14 @@ POLICY_ACTIVE = f"{PREFIX}:{POLICY_TAG}:active"  # the active version number
 POLICY_SEQ = f"{PREFIX}:{POLICY_TAG}:seq"  # version counter
 POLICY_SHADOW = f"{PREFIX}:{POLICY_TAG}:shadow"  # a candidate policy document evaluated beside the active one
 POLICY_CHANGED = f"{PREFIX}:policy:changed"  # pub/sub: a new active or shadow policy
+# The policy keys before they had a hash tag (loragate before Redis Cluster): a gateway copies what it finds
+# there to the new keys once (`gateway.policy_store.PolicyStore.migrate`).
+LEGACY_POLICY_KEYS = {
+    f"{PREFIX}:policy": POLICY,
+    f"{PREFIX}:policy:active": POLICY_ACTIVE,
+    f"{PREFIX}:policy:seq": POLICY_SEQ,
+    f"{PREFIX}:policy:shadow": POLICY_SHADOW,
+}
 CANCEL = f"{PREFIX}:cancel"  # pub/sub: request ids whose client went away
 
 # Stream entry fields: every stream entry holds one JSON document in one field.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -167,3 +168,31 @@ def test_a_policy_stored_with_the_old_alias_field_name_still_loads(redis_url: st
         return holder.policy
 
     assert _run(redis_url, body).aliases["auto"].models == ("tiny", "smollm2")
+
+
+def test_policies_stored_before_the_hash_tags_are_carried_over_once(redis_url: str) -> None:
+    """A gateway upgraded on a Redis that holds policy versions under the old, untagged keys copies them to
+    the new ones, leaves newer ones alone, and a second copy (another gateway) changes nothing."""
+
+    async def body(r: aioredis.Redis, store: PolicyStore) -> tuple[Any, ...]:
+        old = {v: k for k, v in contracts.LEGACY_POLICY_KEYS.items()}
+        entry = {"version": 3, "document": {"name": "kept"}, "created_at": 1.0, "note": ""}
+        await r.hset(old[contracts.POLICY], "3", json.dumps(entry))
+        await r.set(old[contracts.POLICY_ACTIVE], 3)
+        await r.set(old[contracts.POLICY_SEQ], 3)
+        first = await store.migrate()
+        again = await store.migrate()
+        version = await store.put({"name": "next"})  # the counter went on from the old one
+        await r.set(old[contracts.POLICY_ACTIVE], 1)  # an old gateway still writing: the new key wins
+        late = await store.migrate()
+        return (
+            first,
+            again,
+            late,
+            version,
+            await store.active_version(),
+            (await store.get(3) or {})["document"],
+        )
+
+    first, again, late, version, active, kept = _run(redis_url, body)
+    assert (first, again, late) == (3, 0, 0) and (version, active) == (4, 4) and kept == {"name": "kept"}
