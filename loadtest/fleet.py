@@ -102,6 +102,7 @@ def calibrated(real: RealRun, args: argparse.Namespace) -> EngineModel:
         host_adapters=max(real.max_loras, args.adapters),  # every adapter fits the real host tier
         decode_step_s=itl[len(itl) // 2] if itl else EngineModel().decode_step_s,
         decode_step_per_seq_s=0.0,
+        shared_kv=True,
         prefill_tok_s=speeds[len(speeds) // 2] if speeds else args.sim_prefill_tok_s,
     )
 
@@ -251,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sims: dict[str, SimFigures] = {n: sim_figures(sim[n]) for n in names}
     scaled: dict[str, SimFigures] = {n: sim_figures(at_scale[n]) for n in names}
     results = FleetResults(figures, sims, scaled, sweep, real, timeline)
-    summary = write_report(out, args, results, {"autoscaling": scaling, "guidellm": tool})
+    summary = write_report(out, args, results, {"autoscaling": scaling, "guidellm": tool, "sim_engine": asdict(engine)})
     print(json.dumps(summary))
     return summary
 

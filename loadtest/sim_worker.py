@@ -44,6 +44,9 @@ class EngineModel:
     prefill_tok_s: float = 10_000.0
     decode_step_s: float = 0.020
     decode_step_per_seq_s: float = 0.0003
+    # The prefix cache keeps what running sequences leave of `kv_blocks` (a paged KV engine's free blocks
+    # are its cache), not a fixed `cache_blocks`: under load, fewer cached blocks survive.
+    shared_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.host_adapters < self.max_loras:
@@ -200,7 +203,15 @@ class SimWorker:
                 self.cache[h] = None
                 stored.append(h)
         evicted = []
-        while len(self.cache) > self.model.cache_blocks:
+        capacity = self.model.cache_blocks
+        if self.model.shared_kv:  # minus the private blocks (prompt tail, output) of every live sequence
+            live = [*self.running, *self.admitted]
+            private = sum(
+                -(-(s.request.prompt_tokens + s.generated) // BLOCK_SIZE) - len(s.request.block_hashes)
+                for s in live
+            )
+            capacity = max(0, min(capacity, self.model.kv_blocks - private))
+        while len(self.cache) > capacity:
             evicted.append(self.cache.popitem(last=False)[0])
         if self.on_kv_event is not None and (stored or evicted):
             self.on_kv_event(self.worker_id, stored, evicted)
