@@ -103,6 +103,7 @@ def test_a_models_request_path_keys_share_one_hash_tag_and_models_differ() -> No
 
     assert {contracts.tag_of(k) for k in keys("tiny")} == {"tiny"}
     assert {contracts.tag_of(k) for k in keys("org/base:v1")} == {"org/base:v1"}
+    assert contracts.tag_of(contracts.queue("tiny", "w1")) != contracts.tag_of(contracts.queue("small", "w1"))
     assert {
         contracts.tag_of(k) for k in (contracts.POLICY, contracts.POLICY_ACTIVE, contracts.POLICY_SEQ)
     } == {"policy"}
@@ -116,7 +117,7 @@ def test_a_model_name_that_would_break_its_hash_tag_is_refused(name: str) -> Non
 
 
 def test_ordinary_model_names_are_accepted() -> None:
-    for name in ("tiny", "org/base-7b:v1", "Qwen2.5-0.5B"):
+    for name in ("tiny", "org/model:v1", "org/base-7b:v1", "Qwen2.5-0.5B"):
         assert contracts.check_model_name(name) == name
 
 

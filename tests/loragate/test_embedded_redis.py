@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from loragate import contracts
 from loragate.embedded_redis import EmbeddedRedis
 
 
@@ -19,7 +20,7 @@ def test_a_killed_server_restarts_with_its_queue(tmp_path: Path) -> None:
         client = redis.Redis.from_url(server.url, socket_timeout=5)
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
-        ids = [client.xadd("lg:q:w1", {"n": str(i)}) for i in range(100)]
+        ids = [client.xadd(contracts.queue("tiny", "w1"), {"n": str(i)}) for i in range(100)]
         client.close()
         time.sleep(1.5)  # past one fsync: what a crash may lose is at most the last second
         assert server.proc is not None
@@ -28,7 +29,7 @@ def test_a_killed_server_restarts_with_its_queue(tmp_path: Path) -> None:
         assert not server.running()
         server.start()
         client = redis.Redis.from_url(server.url, socket_timeout=5)
-        assert [entry_id for entry_id, _ in client.xrange("lg:q:w1")] == ids
+        assert [entry_id for entry_id, _ in client.xrange(contracts.queue("tiny", "w1"))] == ids
         client.close()
     finally:
         server.stop()

@@ -284,14 +284,14 @@ def test_the_worker_client_does_not_run_a_transaction_twice(aof: RedisProcess) -
     must not send it again, or a step's output events would be written twice."""
     r = connect_sync(aof.url, socket_timeout=0.2)
     pipe = r.pipeline(transaction=True)
-    pipe.xadd("lg:out:twice", {"e": "x"})
+    pipe.xadd(contracts.output("tiny", "twice"), {"e": "x"})
     pipe.eval(_SLOW, 0)
     with pytest.raises(redis.TimeoutError):
         pipe.execute()
     client = aof.client()
     wait_for(lambda: client.ping(), 5, "the script to end")
     time.sleep(0.5)  # a retried transaction would have run by now
-    assert client.xlen("lg:out:twice") == 1
+    assert client.xlen(contracts.output("tiny", "twice")) == 1
     r.close()
     client.close()
 
@@ -325,8 +325,9 @@ def test_an_entry_read_by_a_lost_reply_is_started_even_when_the_worker_is_full(
 
 
 def test_a_request_queued_again_after_redis_lost_it_keeps_its_record(aof: RedisProcess) -> None:
-    """The gateway finds a request through its record (`lg:req:{id}`: queue, entry); once the worker queued
-    a running request again under a new entry id, a client's retry with the same id must attach to it."""
+    """The gateway finds a request through its record (`lg:req:{model}:id`: queue, entry); once the worker
+    queued a running request again under a new entry id, a client's retry with the same id must attach
+    to it."""
     r = aof.client()
     queue = contracts.queue("tiny", "w1")
     r.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
