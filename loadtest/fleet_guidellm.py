@@ -1,92 +1,123 @@
 """guidellm (a standard load generator for OpenAI-compatible servers) against the fleet, beside our own
-clients (`loadtest.fleet --guidellm`): its numbers are an outside check on ours, measured by a tool that
-knows nothing of loragate.
+clients (`loadtest.fleet`, unless `--no-guidellm`): its numbers are an outside check on ours, measured by
+a tool that knows nothing of loragate.
 
-One `guidellm run` (a subprocess in its own process group, killed on timeout) from a scenario file:
-streamed `/v1/completions` with the fleet's API key, Poisson arrivals at `rate`, `max_requests` synthetic
-prompts of about `prompt_tokens` tokens (tokenized with the model's own tokenizer) asking for
-`output_tokens`, its JSON report read back. Pinned in the `fleet` extra (guidellm==0.8.1): optional, as it
-pulls a web framework and dataset tooling that nothing else needs.
+One `guidellm run` (a subprocess in its own process group, killed on timeout, offline: HF_HUB_OFFLINE etc.):
+streamed `/v1/completions` with the fleet's bearer key, Poisson arrivals at `rate`, `max_requests`
+synthetic (Faker) prompts of `prompt_tokens` tokens by the model's own tokenizer, each asking for exactly
+`output_tokens` (guidellm sends `max_tokens` with `ignore_eos: true`; we add `temperature: 0`). Its JSON
+report's first benchmark maps to our figures as follows:
+
+- requests / errors: `request_totals` successful / errored + incomplete (a 429 from admission is an error;
+  a run with no success raises);
+- ttft_p50_ms / ttft_p99_ms: percentiles of `time_to_first_token_ms` over successful requests (request
+  headers sent to first streamed text chunk);
+- itl_p50_ms / itl_p99_ms: percentiles of `inter_token_latency_ms`, a per-request mean gap, (last token -
+  first token) / (output tokens - 1), weighted by tokens: not the percentiles of single gaps;
+- output_tok_s / request_rate: the means of `output_tokens_per_second` / `requests_per_second` (successful),
+  time-weighted rates over the benchmark's window, i.e. about tokens (requests) / duration.
+
+guidellm gets one scheduler worker process per 4 cores, 1 to 4 (its default is 10 spawned processes, each
+importing torch, which on a small machine takes the CPU the server needs and draws 429s). Pinned in the
+`fleet` extra (guidellm==0.8.1): its option schema changes between minors.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def guidellm_available() -> bool:
     return shutil.which("guidellm") is not None
 
 
-def scenario(
+def guidellm_command(
     url: str, api_key: str, model: str, tokenizer_dir: Path, rate: float, max_requests: int,
     prompt_tokens: int, output_tokens: int, report: Path,
-) -> dict[str, Any]:  # fmt: skip
-    return {
-        "spec": {
-            "backend": {
-                "kind": "openai_http",
-                "target": url,
-                "model": model,
-                "api_key": api_key,
-                "request_format": "/v1/completions",
-                "http2": False,
-                "stream": True,
-            },
-            "profile": {"kind": "poisson", "rate": [rate]},
-            "data": [
-                {
-                    "kind": "synthetic_text",
-                    "prompt_tokens": prompt_tokens,
-                    "output_tokens": output_tokens,
-                }
-            ],
-            "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer_dir)},
-            "constraints": [{"kind": "max_requests", "count": max_requests}],
-            "outputs": [{"kind": "json", "path": str(report)}],
-        }
+) -> list[str]:  # fmt: skip
+    """`guidellm run` with each option's config as a JSON object (guidellm parses them as YAML)."""
+    backend = {
+        "kind": "openai_http",
+        "target": url,
+        "model": model,
+        "api_key": api_key,
+        "request_format": "/v1/completions",
+        "stream": True,
+        "http2": False,
+        "extras": {"body": {"temperature": 0}},
     }
+    data = {"kind": "synthetic_text", "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
+    options: list[tuple[str, dict[str, Any]]] = [
+        ("--backend", backend),
+        ("--profile", {"kind": "poisson", "rate": rate}),
+        ("--data", data),
+        ("--tokenizer", {"kind": "huggingface_auto", "model": str(tokenizer_dir)}),
+        ("--constraint", {"kind": "max_requests", "count": max_requests}),
+        ("--output", {"kind": "json", "path": str(report)}),
+    ]
+    cmd = [shutil.which("guidellm") or "guidellm", "run", "--disable-console-interactive"]
+    for flag, config in options:
+        cmd += [flag, json.dumps(config, separators=(",", ":"))]
+    return cmd
 
 
 def run_guidellm(
     url: str, api_key: str, model: str, tokenizer_dir: Path, rate: float, max_requests: int,
     prompt_tokens: int, output_tokens: int, out_dir: Path, timeout_s: float = 600,
 ) -> dict[str, float]:  # fmt: skip
-    """guidellm's figures: successful and failed requests, TTFT and ITL p50/p99 (ms), output tokens/s."""
+    """guidellm's figures (module docstring); its command line (key masked), output, report in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = out_dir / "guidellm.json"
-    spec = scenario(
+    report, log = out_dir / "guidellm.json", out_dir / "guidellm.log"
+    report.unlink(missing_ok=True)
+    cmd = guidellm_command(
         url, api_key, model, tokenizer_dir, rate, max_requests, prompt_tokens, output_tokens, report
     )
-    path = out_dir / "scenario.json"
-    path.write_text(json.dumps(spec))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "guidellm", "run", "--scenario", str(path), "--disable-console-interactive"]
-    log = out_dir / "guidellm.log"
+    shown = shlex.join(cmd).replace(api_key, "<api-key>") if api_key else shlex.join(cmd)
+    (out_dir / "command.sh").write_text(shown + "\n")
+    procs = max(1, min(4, (os.cpu_count() or 1) // 4))
+    # Quiet: a pydantic deprecation warning of guidellm's own at import (fatal under PYTHONWARNINGS=error).
+    env = {**os.environ, **OFFLINE, "GUIDELLM__MAX_WORKER_PROCESSES": str(procs), "COLUMNS": "200"}
+    env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # cwd: guidellm writes its default outputs and log file (if any) to the working directory.
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=out_dir, start_new_session=True
+        )
         try:
             code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        except BaseException as err:  # the timeout, or our own interruption: take guidellm's workers too
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise RuntimeError(f"guidellm ran past {timeout_s} s:\n{log.read_text()[-3000:]}") from None
+            if isinstance(err, subprocess.TimeoutExpired):
+                raise RuntimeError(f"guidellm ran past {timeout_s} s:\n{tail(log)}") from None
+            raise
     if code != 0 or not report.exists():
-        raise RuntimeError(f"guidellm failed ({code}):\n{log.read_text()[-3000:]}")
-    return figures(json.loads(report.read_text()))
+        raise RuntimeError(f"guidellm failed (exit {code}):\n{tail(log)}")
+    parsed = json.loads(report.read_text())
+    result = figures(parsed)
+    if not result["requests"]:  # its latencies would read 0: a failed run, not a fast one
+        errored = parsed["benchmarks"][0]["requests"]["errored"]
+        first = errored[0]["info"]["error"] if errored else "none errored"
+        raise RuntimeError(f"guidellm: no request succeeded (first error: {first}):\n{tail(log)}")
+    return result
+
+
+def tail(log: Path, chars: int = 3000) -> str:
+    return log.read_text(errors="replace")[-chars:]
 
 
 def figures(report: dict[str, Any]) -> dict[str, float]:
     """The first benchmark of a guidellm JSON report, in our terms."""
-    bench = report["benchmarks"][0]
-    metrics = bench["metrics"]
+    metrics = report["benchmarks"][0]["metrics"]
     totals = metrics["request_totals"]
 
     def pct(name: str, q: str) -> float:
@@ -94,7 +125,7 @@ def figures(report: dict[str, Any]) -> dict[str, float]:
 
     return {
         "requests": float(totals["successful"]),
-        "errors": float(totals["errored"]),
+        "errors": float(totals["errored"] + totals["incomplete"]),
         "ttft_p50_ms": pct("time_to_first_token_ms", "p50"),
         "ttft_p99_ms": pct("time_to_first_token_ms", "p99"),
         "itl_p50_ms": pct("inter_token_latency_ms", "p50"),
