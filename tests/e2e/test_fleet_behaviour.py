@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -124,28 +125,38 @@ def test_sigterm_drains_a_worker_without_losing_requests(stack: Stack) -> None:
     stack.wait_ready(workers=3)
     stack.wait_idle()
     max_tokens = 150
-    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
 
-        def submit() -> tuple[str, Progress, concurrent.futures.Future[tuple[str | None, int]]]:
-            """A stream, once its first token is in (the routing header comes with it)."""
-            rid, progress = f"drain-{time.time_ns()}", Progress()
-            future = pool.submit(_stream, stack.url, max_tokens, rid, progress)
-            deadline = time.monotonic() + 30
-            while progress.worker is None:
-                assert time.monotonic() < deadline and not future.done(), (progress.status, progress.error)
-                time.sleep(0.01)
-            return rid, progress, future
+            def submit() -> tuple[str, Progress, concurrent.futures.Future[tuple[str | None, int]]]:
+                """A stream, once its first token is in (the routing header comes with it)."""
+                rid, progress = f"drain-{time.time_ns()}", Progress()
+                future = pool.submit(_stream, stack.url, max_tokens, rid, progress)
+                deadline = time.monotonic() + 30
+                while progress.worker is None:
+                    assert time.monotonic() < deadline and not future.done(), (
+                        progress.status,
+                        progress.error,
+                    )
+                    time.sleep(0.01)
+                return rid, progress, future
 
-        before = [submit()]  # one stream at a time, until one is generating on w3
-        while before[-1][1].worker != "w3":
-            assert len(before) < 8, [p.worker for _, p, _ in before]
-            before.append(submit())
-        proc = stack.workers.pop("w3")
-        made_before = stored_output(stack.redis_url, before[-1][0])[-1][1].completion_tokens
-        proc.send_signal(signal.SIGTERM)
-        after = [submit() for _ in range(2)]
-        results = [f.result(timeout=120) for _, _, f in before + after]
-    assert proc.wait(timeout=60) == 0  # it finished its work and exited cleanly
+            before = [submit()]  # one stream at a time, until one is generating on w3
+            while before[-1][1].worker != "w3":
+                assert len(before) < 8, [p.worker for _, p, _ in before]
+                before.append(submit())
+            proc = stack.workers.pop("w3")
+            made_before = stored_output(stack.redis_url, before[-1][0])[-1][1].completion_tokens
+            proc.send_signal(signal.SIGTERM)
+            after = [submit() for _ in range(2)]
+            results = [f.result(timeout=120) for _, _, f in before + after]
+        assert proc.wait(timeout=60) == 0  # it finished its work and exited cleanly
+    finally:  # a failed assertion must not leave w3 running (or unreaped) for the next test
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if proc is not None:
+            proc.wait()
     assert all(finish == "length" and tokens == max_tokens for finish, tokens in results), results
     assert all(p.worker != "w3" for _, p, _ in after)  # a draining worker takes nothing new
     entries = stored_output(stack.redis_url, before[-1][0])
