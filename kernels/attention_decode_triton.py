@@ -31,7 +31,9 @@ from kernels.triton_util import (
 )
 
 
-@triton.jit
+# Runtime integers that take many values are not specialized on (Triton would compile a variant for 1
+# and for multiples of 16 of each): the block table's width, the number of splits.
+@triton.jit(do_not_specialize=["num_splits", "stride_btb"])
 def _decode_kernel(
     out_ptr,
     lse_ptr,
@@ -126,7 +128,7 @@ def _decode_kernel(
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(
     out_ptr,
     part_ptr,

@@ -33,7 +33,8 @@ from kernels.triton_util import (
 )
 
 
-@triton.jit
+# The block table's width takes many values: not specialized on (a variant for 1 and for multiples of 16).
+@triton.jit(do_not_specialize=["stride_btb"])
 def _prefill_kernel(
     out_ptr,
     q_ptr,

@@ -35,7 +35,7 @@ from kernels.triton_util import (
 
 # Runtime integers that take many values are not specialized on (Triton would compile a variant for 1
 # and for multiples of 16 of each).
-@triton.jit(do_not_specialize=["layer", "S", "M", "split_k"])
+@triton.jit(do_not_specialize=["layer", "S", "M", "split_k", "stride_vm"])
 def _group_shrink_kernel(
     v_ptr,
     x_ptr,
@@ -99,7 +99,7 @@ def _group_shrink_kernel(
         tl.store(v_ptrs, acc, mask=mask)
 
 
-@triton.jit(do_not_specialize=["layer", "S", "M"])
+@triton.jit(do_not_specialize=["layer", "S", "M", "stride_vm"])
 def _group_expand_kernel(
     y_ptr,
     v_ptr,

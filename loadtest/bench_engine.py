@@ -31,6 +31,7 @@ import torch
 from peft import PeftModel
 from tqdm import tqdm
 
+from kernels.triton_variants import total_variants
 from loadtest.bench_models import bench_model
 from loadtest.hf_reference import HFReference
 from loadtest.workload import make_workload
@@ -150,14 +151,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check-sample", type=int, default=6, help="requests compared with HF+peft")
     parser.add_argument("--max-loras", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true", help="loragate only (hf figures are null)")
+    parser.add_argument(
+        "--warmup",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the engine's own warm-up (worker.warmup; auto: on a GPU)",
+    )
     add_device_args(parser)
     args = parser.parse_args(argv)
     device, dtype = device_args(parser, args)
 
     bench = bench_model(args.model, args.adapters, args.requests)
     model_dir, adapters = bench.model_dir, bench.adapters
-    config = EngineConfig(adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype)
+    warmup = {"auto": None, "on": True, "off": False}[args.warmup]
+    config = EngineConfig(
+        adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype, warmup=warmup
+    )
+    compiled = [total_variants()]
     engine = LLMEngine(model_dir, config)
+    compiled.append(total_variants())
     requests = make_workload(bench.workload, engine.info.vocab_size, list(adapters))
     warm_up(engine, requests)
 
@@ -171,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm_up(base_engine, base_requests)
     base_run = run_loragate(base_engine, base_requests, "loragate (base only)")
     base_tok_s = base_run.tok_s
+    compiled.append(total_variants())
 
     hf_tok_s = hf_base_tok_s = None
     ref = HFReference(model_dir, adapters, dtype=dtype, device=device)
@@ -212,6 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "preemptions": stats.preemptions,
         "engine_steps": stats.steps,
         "threads": torch.get_num_threads(),
+        # The engines' warm-ups (LoRA engine's figures); the Triton variants compiled by the first engine's
+        # warm-up and by everything after it (both engines' request warm-ups and runs: 0 = the warm-up
+        # covered every shape the workload met).
+        "warmup_s": round(engine.warmup.seconds, 2) if engine.warmup else None,
+        "warmup_steps": engine.warmup.steps if engine.warmup else None,
+        "kernels_compiled_in_warmup": compiled[1] - compiled[0],
+        "kernels_compiled_after_warmup": compiled[2] - compiled[1],
     }
     print(json.dumps(result))
     return 0

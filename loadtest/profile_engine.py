@@ -9,7 +9,11 @@ synchronizes first, which slows the run but keeps the split honest) and runs the
 - `model_other`: the rest of the forward (embedding, norms, RoPE, activations, residual adds);
 - `step_other`: the step outside the forward (scheduling, batch layout, sampling, detokenizing).
 
-    python -m loadtest.profile_engine [--model smollm2] [--requests 48] [--base] [--dtype float32]
+    python -m loadtest.profile_engine [--model smollm2] [--requests 48] [--base] [--dtype float32] [--kineto]
+
+`--kineto` runs the workload under torch's profiler instead, unsynchronized, and reports how busy the
+device was: its kernels' time against the wall clock, kernel launches per step and the kernels that took
+longest (on a GPU a busy share well under 1 means the step is bound by host work: launches, Python).
 
 The last line printed is one JSON object: seconds and share per category, call counts, tok/s.
 """
@@ -26,11 +30,14 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 from tqdm import tqdm
 
 import worker.model as model_module
 from loadtest.bench_models import bench_model
 from loadtest.workload import make_workload
+from loragate.types import Request
 from worker.config import EngineConfig
 from worker.device import add_device_args, device_args, dtype_name, is_cuda
 from worker.engine import LLMEngine
@@ -77,6 +84,52 @@ def instrument(engine: LLMEngine, timers: Timers) -> None:
     runner.forward = timers.wrap("forward", runner.forward)  # type: ignore[method-assign]
 
 
+def run(engine: LLMEngine, requests: list[Request]) -> tuple[int, float]:
+    """Run `requests` to completion: (output tokens, wall seconds)."""
+    total = sum(r.params.max_tokens for r in requests)
+    for r in requests:
+        engine.add_request(r)
+    start = time.perf_counter()
+    with tqdm(total=total, desc="profile", unit="tok", file=sys.stderr) as bar:
+        while engine.has_work():
+            for out in engine.step():
+                bar.update(len(out.new_token_ids))
+    return total, time.perf_counter() - start
+
+
+def busy_profile(engine: LLMEngine, requests: list[Request], cuda: bool, top: int = 12) -> dict[str, Any]:
+    """The run under torch's profiler: the device's kernel time against the wall clock, launches per step
+    and the `top` kernels by device time (on a CPU only host ops are recorded: no device figures)."""
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    steps = engine.snapshot().steps
+    with profile(activities=activities) as prof:
+        total, wall = run(engine, requests)
+        if cuda:
+            torch.cuda.synchronize()
+    steps = engine.snapshot().steps - steps
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    launches = sum(e.count for e in kernels)
+    # The top device kernels on a GPU; the top host ops on a CPU (where they are the compute).
+    events = kernels if cuda else list(prof.key_averages())
+    time_of = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    ranked = sorted(events, key=time_of, reverse=True)[:top]
+    return {
+        "output_tokens": total,
+        "tok_s": round(total / wall, 1),
+        "wall_s": round(wall, 2),
+        "steps": steps,
+        "device_busy_s": round(busy, 3) if cuda else None,
+        "device_busy_share": round(busy / wall, 3) if cuda else None,
+        "kernel_launches_per_step": round(launches / max(steps, 1), 1) if cuda else None,
+        "device_us_per_step": round(busy * 1e6 / max(steps, 1), 1) if cuda else None,
+        "wall_us_per_step": round(wall * 1e6 / max(steps, 1), 1),
+        "top_kernels": [
+            {"name": e.key[:80], "calls": e.count, "self_s": round(time_of(e) / 1e6, 4)} for e in ranked
+        ],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.profile_engine", description=__doc__.split("\n")[0]
@@ -85,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--adapters", type=int, default=16)
     parser.add_argument("--base", action="store_true", help="no adapters (the base model's profile)")
+    parser.add_argument("--kineto", action="store_true", help="device busy share under torch's profiler")
     add_device_args(parser)
     args = parser.parse_args(argv)
     device, dtype = device_args(parser, args)
@@ -97,26 +151,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine.generate(
         [replace(requests[0], request_id="warmup", params=replace(requests[0].params, max_tokens=4))]
     )
-    timers = Timers(is_cuda(device))
-    instrument(engine, timers)
-    total = sum(r.params.max_tokens for r in requests)
-    for r in requests:
-        engine.add_request(r)
-    start = time.perf_counter()
-    with tqdm(total=total, desc="profile", unit="tok", file=sys.stderr) as bar:
-        while engine.has_work():
-            for out in engine.step():
-                bar.update(len(out.new_token_ids))
-    wall = time.perf_counter() - start
-    seconds = {c: timers.seconds[c] for c in CATEGORIES}
-    seconds["model_other"] = timers.seconds["forward"] - sum(seconds.values())
-    seconds["step_other"] = wall - timers.seconds["forward"]
-    result = {
+    head = {
         "model": args.model,
         "dtype": dtype_name(dtype),
         "device": device,
         "adapters": 0 if args.base else len(adapters),
         "requests": len(requests),
+    }
+    if args.kineto:
+        print(json.dumps({**head, **busy_profile(engine, requests, is_cuda(device))}))
+        return 0
+    timers = Timers(is_cuda(device))
+    instrument(engine, timers)
+    total, wall = run(engine, requests)
+    seconds = {c: timers.seconds[c] for c in CATEGORIES}
+    seconds["model_other"] = timers.seconds["forward"] - sum(seconds.values())
+    seconds["step_other"] = wall - timers.seconds["forward"]
+    result = {
+        **head,
         "output_tokens": total,
         "tok_s": round(total / wall, 1),
         "wall_s": round(wall, 2),

@@ -4,11 +4,16 @@
 #   2. the kernel benchmark on the Triton backend (and the dense linears on cuBLAS);
 #   3. the whole engine on CUDA against transformers + peft on the same GPU (greedy tokens, throughput),
 #      fp32 and bf16, on the zoo's tiny and small models;
-#   4. where a step's time goes on the GPU, mixed adapters and base only (`profile_engine`, small, bf16).
+#   4. where a step's time goes on the GPU, mixed adapters and base only (`profile_engine`, small, bf16):
+#      by category with synchronized timers, and the device's busy share under torch's profiler.
+# Every engine run starts with the engine's warm-up (`worker.warmup`); bench_engine reports the kernel
+# variants compiled in it and after it (`kernels_compiled_after_warmup`: 0 = nothing compiled while serving).
 # Every step has its own time limit and its log under $OUT (default ./gpu-out); a failing step does not
 # stop the others, and the script's exit status is the number of failed steps.
 #
-#     bash scripts/gpu_checks.sh [quick]        # quick: no transformers runs, fewer benchmark repeats
+#     bash scripts/gpu_checks.sh [quick|warmup] # quick: no transformers runs, fewer benchmark repeats;
+#                                               # warmup: the warm-up and busy-share figures first, then
+#                                               # the Triton tests (a short lease's order)
 #
 # Python packages: the GPU's own torch and triton; where a pinned pure-Python dependency is missing or
 # another version there, `pip install --target` it and put it on PYTHONPATH first.
@@ -35,7 +40,24 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import sys, torch, triton, transformers, peft; print(sys.version.split()[0], 'torch', torch.__version__, \
 'triton', triton.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
-step zoo 120 python3 -c "from worker.modelzoo.make import ensure_zoo; print(ensure_zoo().root)"
+step zoo 100 python3 -c "from worker.modelzoo.make import ensure_zoo; print(ensure_zoo().root)"
+if [ "$mode" = warmup ]; then
+    step engine-small-bfloat16 150 python3 -m loadtest.bench_engine --model small --device cuda \
+        --dtype bfloat16 --skip-hf --check-sample 2
+    for kind in mixed base; do
+        flag=()
+        [ "$kind" = base ] && flag=(--base)
+        step "busy-small-$kind" 70 python3 -m loadtest.profile_engine --model small --device cuda \
+            --dtype bfloat16 --requests 64 --kineto "${flag[@]}"
+    done
+    step engine-small-float32 100 python3 -m loadtest.bench_engine --model small --device cuda \
+        --dtype float32 --skip-hf --check-sample 3
+    step triton-tests 80 python3 -m pytest -q -n 8 --confcutdir=tests/kernels -W default -p no:cacheprovider \
+        tests/kernels -k "triton and not interpreter"
+    grep -h '^{' "$OUT"/engine-*.log "$OUT"/busy-*.log >"$OUT/results.jsonl" 2>/dev/null
+    echo "failed steps: $failed"
+    exit "$failed"
+fi
 # The Triton tests only (the CPU paths are CI's), in parallel workers: each compiles its own variants.
 workers=$(python3 -c "import importlib.util as u; print('-n 8' if u.find_spec('xdist') else '')")
 # shellcheck disable=SC2086

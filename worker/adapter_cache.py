@@ -84,6 +84,11 @@ class AdapterCache:
         self.device_evictions = 0  # adapters dropped from a device slot
         self.host_evictions = 0  # adapters dropped from host memory
 
+    def reset_counters(self) -> None:
+        """Zero the counters and drop the undrained tier events (a fresh engine's, after its warm-up)."""
+        self.tier_events.clear()
+        self.disk_reads = self.device_loads = self.device_evictions = self.host_evictions = 0
+
     # -- registry -------------------------------------------------------------------------------
     def register(self, name: str, path: Path) -> None:
         if not path.is_dir():

@@ -97,3 +97,6 @@ class EngineConfig:
     host_adapter_bytes: int = 2 * 1024**3
     max_lora_skips: int = 64
     adapters: dict[str, Path] = field(default_factory=dict)
+    # Compile the kernels' variants before serving (`worker.warmup`); None: on a CUDA device only (a CPU
+    # compiles nothing at first use).
+    warmup: bool | None = None

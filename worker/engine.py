@@ -41,6 +41,7 @@ from worker.models import load_model_config
 from worker.sampler import Sampler
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequence import Sequence, SequenceStatus
+from worker.warmup import WarmupReport, warm_up
 
 if TYPE_CHECKING:
     from xgrammar import CompiledGrammar
@@ -69,13 +70,6 @@ class LLMEngine:
         )
         self.kv = KVCache(cfg, num_blocks, config.block_size, config.dtype, config.device)
         self.runner = ModelRunner(cfg, weights, self.kv, self.max_model_len)
-        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                config.max_num_seqs, config.max_num_batched_tokens, config.max_loras, config.max_lora_skips
-            ),
-            self.blocks,
-        )
         self.adapters = AdapterCache(
             cfg,
             config.max_loras,
@@ -89,10 +83,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self.grammar = GuidedDecoding(self.model_dir, cfg.vocab_size, cfg.eos_token_ids, config.device)
-        self.requests: dict[str, Tracked] = {}
-        self.aborted: list[Tracked] = []
-        self.stats = EngineStats()
-        self.events = EngineEvents(self.blocks, self.adapters)
+        self.reset_state()
         self.info = EngineInfo(
             model_dir=self.model_dir,
             max_model_len=self.max_model_len,
@@ -103,6 +94,27 @@ class LLMEngine:
             device=config.device,
             dtype=config.dtype,
         )
+        self._last_snapshot = self.snapshot()
+        self.warmup: WarmupReport | None = None
+        if config.warmup or (config.warmup is None and is_cuda(config.device)):
+            self.warmup = warm_up(self)
+
+    def reset_state(self) -> None:
+        """A fresh engine's state (after `worker.warmup`): no requests, an empty prefix cache, zero counters
+        and no pending events; the adapter cache keeps what it holds, its counters zeroed."""
+        config = self.config
+        self.blocks = BlockManager(self.kv.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                config.max_num_seqs, config.max_num_batched_tokens, config.max_loras, config.max_lora_skips
+            ),
+            self.blocks,
+        )
+        self.adapters.reset_counters()
+        self.requests: dict[str, Tracked] = {}
+        self.aborted: list[Tracked] = []
+        self.stats = EngineStats()
+        self.events = EngineEvents(self.blocks, self.adapters)
         self._last_snapshot = self.snapshot()
 
     # -- requests -------------------------------------------------------------------------------

@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         "GPU memory or 25%% of available host memory)",
     )
     add_device_args(p)
+    p.add_argument(
+        "--warmup",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="compile the kernels for every batch shape before taking requests (auto: on a GPU)",
+    )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics port")
     return p
@@ -72,8 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_cache_bytes=args.kv_cache_mb * 1024**2 if args.kv_cache_mb else None,
             device=device,
             dtype=dtype,
+            warmup={"auto": None, "on": True, "off": False}[args.warmup],
         ),
     )
+    if engine.warmup is not None:
+        logging.getLogger("loragate.worker").info(
+            "warm-up: %d steps in %.1f s", engine.warmup.steps, engine.warmup.seconds
+        )
     registry = AdapterRegistry(r, name)
     if args.adapters:  # published when the service (re)joins the fleet: Redis may be down right now
         registry.directory = (Path(args.adapters), tuple(args.pin))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import bench_engine
+from loadtest import bench_engine, profile_engine
 from loadtest.bench_models import SMOLLM2_ADAPTERS, smollm2_adapters
 
 KEYS = (
@@ -43,6 +43,29 @@ def test_bench_engine_reports_every_side(capsys: pytest.CaptureFixture[str]) -> 
     steady = ["loragate_steady_tok_s", "loragate_base_steady_tok_s", "slowest_step_ms"]
     for key in [*steady, "base_slowest_step_ms"]:
         assert result[key] > 0, key
+    # On a CPU the engine compiles nothing and warms up only when asked (the test below).
+    assert result["warmup_s"] is None
+    assert result["kernels_compiled_in_warmup"] == result["kernels_compiled_after_warmup"] == 0
+
+
+def test_bench_engine_with_the_engines_warm_up(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "tiny", "--requests", "4", "--adapters", "2", "--skip-hf", "--check-sample", "1"]
+    assert bench_engine.main([*argv, "--warmup", "on"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["warmup_s"] > 0 and result["warmup_steps"] > 0
+    assert result["tokens_match"] is True and result["hf_peft_tok_s"] is None
+
+
+def test_profile_engine_busy_share(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--kineto`: the run under torch's profiler; on a CPU the top host ops, no device figures."""
+    assert profile_engine.main(["--model", "tiny", "--requests", "3", "--adapters", "2", "--kineto"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["output_tokens"] > 0 and result["steps"] > 0 and result["tok_s"] > 0
+    assert result["device_busy_share"] is None and result["kernel_launches_per_step"] is None
+    names = [k["name"] for k in result["top_kernels"]]
+    assert len(names) == 12 and any(n.startswith("aten::") for n in names)
+    times = [k["self_s"] for k in result["top_kernels"]]
+    assert times == sorted(times, reverse=True) and times[0] > 0
 
 
 def test_steady_rate_leaves_out_the_first_and_last_tenth() -> None:
