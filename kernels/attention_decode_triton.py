@@ -30,6 +30,8 @@ from kernels.triton_util import (
     require_unit_last_stride,
 )
 
+MAX_SPLITS = 32  # context splits per (sequence, KV head) the heuristic picks at most
+
 
 # Runtime integers that take many values are not specialized on (Triton would compile a variant for 1
 # and for multiples of 16 of each): the block table's width, the number of splits.
@@ -233,7 +235,7 @@ def _decode_tiles(group: int, head_dim: int, max_ctx: int, block_n: int | None) 
 def _decode_splits(programs: int, max_tiles: int) -> int:
     """Context splits per (sequence, KV head): about two programs per SM, at most one per tile, <= 32."""
     want = max(1, 2 * HOPPER_SMS // max(programs, 1))
-    return max(1, min(want, max_tiles, 32))
+    return max(1, min(want, max_tiles, MAX_SPLITS))
 
 
 def _decode_targets(
@@ -279,7 +281,8 @@ def _merge_splits(out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, *, b
         part.stride(2),
         lse.stride(0),
         lse.stride(1),
-        BLOCK_S=triton.next_power_of_2(splits),
+        # One tile for any split count the heuristic picks (<= 32): one compiled variant, not one per power.
+        BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(splits)),
         BLOCK_D=block_d,
         num_warps=4,
     )

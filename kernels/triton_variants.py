@@ -24,7 +24,12 @@ MODULES: tuple[ModuleType, ...] = (
 
 def compiled_variants() -> dict[str, int]:
     """Compiled variants per kernel (`module.kernel`), on every device; empty under the interpreter."""
-    counts: dict[str, int] = {}
+    return {name: len(keys) for name, keys in compiled_keys().items()}
+
+
+def compiled_keys() -> dict[str, set[str]]:
+    """Each kernel's compiled variants as Triton keys them (specialisations, constexprs, options)."""
+    found: dict[str, set[str]] = {}
     for module in MODULES:
         for name, fn in vars(module).items():
             caches = (
@@ -33,10 +38,10 @@ def compiled_variants() -> dict[str, int]:
             if caches is None:
                 continue
             # Each device's entry is a tuple whose first item is the compiled-kernel cache (Triton 3.x).
-            total = sum(len(entry[0]) for entry in caches.values())
-            if total:
-                counts[f"{module.__name__.rsplit('.', 1)[-1]}.{name}"] = total
-    return counts
+            keys = {f"{device}:{key}" for device, entry in caches.items() for key in entry[0]}
+            if keys:
+                found[f"{module.__name__.rsplit('.', 1)[-1]}.{name}"] = keys
+    return found
 
 
 def total_variants() -> int:

@@ -31,7 +31,7 @@ import torch
 from peft import PeftModel
 from tqdm import tqdm
 
-from kernels.triton_variants import total_variants
+from kernels.triton_variants import compiled_keys, total_variants
 from loadtest.bench_models import bench_model
 from loadtest.hf_reference import HFReference
 from loadtest.workload import make_workload
@@ -170,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     compiled = [total_variants()]
     engine = LLMEngine(model_dir, config)
     compiled.append(total_variants())
+    after_warmup = compiled_keys()
     requests = make_workload(bench.workload, engine.info.vocab_size, list(adapters))
     warm_up(engine, requests)
 
@@ -184,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_run = run_loragate(base_engine, base_requests, "loragate (base only)")
     base_tok_s = base_run.tok_s
     compiled.append(total_variants())
+    for kernel, keys in compiled_keys().items():  # what the warm-up missed, for whoever extends it
+        for key in sorted(keys - after_warmup.get(kernel, set())):
+            print(f"compiled after the warm-up: {kernel} {key}", file=sys.stderr)
 
     hf_tok_s = hf_base_tok_s = None
     ref = HFReference(model_dir, adapters, dtype=dtype, device=device)

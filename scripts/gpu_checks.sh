@@ -48,7 +48,7 @@ if [ "$mode" = warmup ]; then
         flag=()
         [ "$kind" = base ] && flag=(--base)
         step "busy-small-$kind" 70 python3 -m loadtest.profile_engine --model small --device cuda \
-            --dtype bfloat16 --requests 64 --kineto "${flag[@]}"
+            --dtype bfloat16 --requests 24 --kineto "${flag[@]}"
     done
     step engine-small-float32 100 python3 -m loadtest.bench_engine --model small --device cuda \
         --dtype float32 --skip-hf --check-sample 3

@@ -11,6 +11,7 @@ ladder of synthetic batches covers them:
 - decode batches of 1, 2, 4, ... up to `max_num_seqs` sequences,
 - each with short, medium and long prompts (contexts of one, two and several KV blocks, prefill chunks of
   every tile size, long prompts split by the chunked-prefill budget),
+- the second half of each batch added a step after the first, so steps mix decodes and prefill chunks,
 - each without adapters, with one adapter and with several (long and short LoRA segments; the synthetic
   adapters alternate between all seven projections and q/v only, so every projection group, fused or
   single, runs with one and with several projections).
@@ -105,10 +106,13 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
                     Request(
                         request_id=f"{WARMUP_PREFIX}-{w}-{i}",
                         prompt_token_ids=tuple(ids),
-                        params=SamplingParams(max_tokens=2, ignore_eos=True),
+                        params=SamplingParams(max_tokens=3, ignore_eos=True),
                         adapter=names[i % wave.adapters] if wave.adapters else None,
                     )
                 )
+                if i == wave.seqs // 2 - 1:  # the second half's prefill steps carry the first's decodes
+                    engine.step()
+                    steps += 1
             while engine.has_work():
                 engine.step()
                 steps += 1
