@@ -244,13 +244,15 @@ def _decode_targets(
     """Where the decode kernel writes, with the strides it is given: `(part, lse, part_strides, lse_strides)`.
 
     One split writes `out` directly (the lse is not stored; zero strides keep the arguments uniform).
-    More write fp32 partial outputs `[B, H, S, D]` and their log2-sum-exps `[B, H, S]` for the merge.
+    More write fp32 partial outputs `[B, H, S, D]` and their log2-sum-exps `[B, H, S]` for the merge; the
+    log-sum-exps' rows are padded to a multiple of 16, so their strides specialise alike for every split
+    count (Triton compiles a variant per divisibility of each integer: one here, not one per count).
     """
     if splits == 1:
         return out, out, (out.stride(0), out.stride(1), 0), (0, 0)
     batch, num_heads, head_dim = q.shape
     part = torch.empty(batch, num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
-    lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
+    lse = torch.empty(batch, num_heads, triton.cdiv(splits, 16) * 16, dtype=torch.float32, device=q.device)
     return part, lse, (part.stride(0), part.stride(1), part.stride(2)), (lse.stride(0), lse.stride(1))
 
 
@@ -264,10 +266,11 @@ def _merge_splits(out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, *, b
     Args:
         out: Shape `[B, H, D]`. Output, written in place.
         part: Shape `[B, H, S, D]`, fp32. Each split's softmax-normalised partial output.
-        lse: Shape `[B, H, S]`, fp32. Each split's log2-sum-exp of its scaled scores.
+        lse: Shape `[B, H, >= S]`, fp32. Each split's log2-sum-exp of its scaled scores (rows may be
+            padded past `S`).
         block_d: Scalar. The head-dim tile (`D` padded to a power of two).
     """
-    batch, num_heads, splits = lse.shape
+    batch, num_heads, splits = part.shape[:3]
     _decode_merge_kernel[(batch, num_heads)](
         out,
         part,

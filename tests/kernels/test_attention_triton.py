@@ -174,3 +174,17 @@ def test_tiles_below_the_gpu_dot_minimum_are_rejected(device: str) -> None:
         paged_attention_decode_triton(q.clone(), q, d.k, d.v, decode, scale=1.0, block_n=8)
     with pytest.raises(ValueError, match="BLOCK_M"):
         paged_attention_prefill_triton(q.clone(), q, d.k, d.v, prefill, scale=1.0, block_m=8)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 16, 17, 32])
+def test_decode_targets_strides_specialise_alike_for_every_split_count(splits: int) -> None:
+    """Triton compiles a variant per divisibility-by-16 of each integer argument: the split targets' strides
+    must not change it with the split count, or a serving step meets a compile the warm-up did not run."""
+    from kernels.attention_decode_triton import _decode_targets
+
+    q = torch.zeros(5, 6, 64)
+    out = torch.empty_like(q)
+    part, lse, part_strides, lse_strides = _decode_targets(out, q, splits)
+    assert all(s % 16 == 0 for s in (*part_strides, *lse_strides)), (part_strides, lse_strides)
+    if splits > 1:
+        assert part.shape == (5, 6, splits, 64) and lse.shape[:2] == (5, 6) and lse.shape[2] >= splits
