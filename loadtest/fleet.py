@@ -108,6 +108,22 @@ def calibrated(real: RealRun, args: argparse.Namespace) -> EngineModel:
     )
 
 
+def rounds(names: Sequence[str], repeats: int) -> list[str]:
+    """The profile runs in order: `repeats` rounds of every profile, every other round reversed (A B C, C B
+    A: over a pair of rounds each profile's mean position is the same), each pair rotated by one."""
+    order: list[str] = []
+    for r in range(repeats):
+        k = (r // 2) % len(names)
+        turn = [*names[k:], *names[:k]]
+        order += turn[::-1] if r % 2 else turn
+    return order
+
+
+def pooled(runs: Sequence[RealRun]) -> RealRun:
+    """One run's view of several (their requests' stats together), for calibrating the simulator."""
+    return replace(runs[0], stats=[s for run in runs for s in run.stats])
+
+
 def sim_profiles(
     requests: list[SimRequest],
     workers: int,
@@ -220,6 +236,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sim-prefill-tok-s", type=float, default=6000.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-guidellm", action="store_true", help="skip the guidellm run beside ours")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs per profile, in rounds whose order rotates (no profile always first); figures pooled",
+    )
+    p.add_argument(
+        "--warm-requests",
+        type=int,
+        default=24,
+        help="an unmeasured run of this many requests first, so no profile meets a cold machine (0: none)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,14 +258,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     links = adapter_links(args.adapters, sorted((zoo.root / "adapters" / "tiny").iterdir()))
     flags = ["--max-loras", str(args.max_loras), "--max-num-seqs", str(args.max_num_seqs)]
     flags += ["--kv-cache-mb", str(args.kv_cache_mb)]
-    real: dict[str, RealRun] = {}
+    runs: dict[str, list[RealRun]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="lg-fleet-") as tmp:
-        for name in tqdm(names, desc="real fleet, per profile", unit="profile"):
-            real[name] = run_profile(
-                name, requests, Path(tmp) / name, zoo.base("tiny"), links, args.workers, flags
-            )
+        if args.warm_requests:
+            head = requests[: args.warm_requests]
+            run_profile(names[0], head, Path(tmp) / "warm", zoo.base("tiny"), links, args.workers, flags)
+        order = rounds(names, args.repeats)
+        for i, name in enumerate(tqdm(order, desc="real fleet, profile runs", unit="run")):
+            work = Path(tmp) / f"{name}-{i}"
+            runs[name].append(run_profile(name, requests, work, zoo.base("tiny"), links, args.workers, flags))
         tool = outside_tool(args, requests, Path(tmp) / "guidellm", links, flags, names[0])
-    engine = calibrated(real[names[0]], args)
+    real = {n: runs[n][0] for n in names}  # the plots over time (queue depth) show each profile's first run
+    engine = calibrated(pooled(runs[names[0]]), args)
     sim = sim_profiles(requests, args.workers, engine, names, 0, args.seed)
     scale = max(1, args.sim_workers // args.workers)
     at_scale = sim_profiles(
@@ -251,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sweep = goodput_sweep(args, engine, names, (0.5, 1.0, 1.5, 2.0, 3.0, 4.0))
     scaling, timeline = autoscaling(args, engine)
     figures: dict[str, ProfileFigures] = {
-        n: real_figures(real[n], requests, warmup, args.slo_ms) for n in names
+        n: real_figures(runs[n], requests, warmup, args.slo_ms) for n in names
     }
     sims: dict[str, SimFigures] = {n: sim_figures(sim[n]) for n in names}
     scaled: dict[str, SimFigures] = {n: sim_figures(at_scale[n]) for n in names}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import html
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,29 +48,42 @@ class SimFigures:
     served_per_worker: list[int]
 
 
-def real_figures(run: RealRun, requests: list[SimRequest], warmup: int, slo_ms: float) -> ProfileFigures:
-    ok = [s for s in run.stats if s.error is None]
-    measured = [s for s in run.stats[warmup:] if s.error is None and s.ttft_s is not None]
+def real_figures(
+    runs: RealRun | Sequence[RealRun], requests: list[SimRequest], warmup: int, slo_ms: float
+) -> ProfileFigures:
+    """One profile's figures over its runs (repeats of the same workload): latencies pooled over every
+    run's measured requests, prefix hits over all their prompt tokens, adapter loads and goodput per run
+    (their mean)."""
+    runs = [runs] if isinstance(runs, RealRun) else list(runs)
+    stats = [s for run in runs for s in run.stats]
+    ok = [s for s in stats if s.error is None]
+    measured = [s for run in runs for s in run.stats[warmup:] if s.error is None and s.ttft_s is not None]
     ttft = [1000 * s.ttft_s for s in measured if s.ttft_s is not None]
     itl = [1000 * g for s in measured for g in s.itl_s]
     prompt = sum(s.prompt_tokens for s in ok)
-    workers = Counter(s.worker for s in ok)
+    served = [served_per_worker(run) for run in runs]  # per run, workers in name order: their mean
     span = requests[-1].arrival_s - requests[warmup].arrival_s if len(requests) > warmup + 1 else 1.0
+    loads = [run.counters.get("adapter_loads_host", 0) for run in runs]  # device loads (from host or disk)
     return ProfileFigures(
-        requests=len(run.stats),
-        errors=len(run.stats) - len(ok),
+        requests=len(stats),
+        errors=len(stats) - len(ok),
         ttft_p50_ms=round(pct(ttft, 50), 1),
         ttft_p99_ms=round(pct(ttft, 99), 1),
         itl_p50_ms=round(pct(itl, 50), 1),
         itl_p99_ms=round(pct(itl, 99), 1),
         prefix_hit_rate=round(sum(s.cached_tokens for s in ok) / prompt, 4) if prompt else 0.0,
-        adapter_loads=int(run.counters.get("adapter_loads_host", 0)),  # device loads (from host or disk)
-        goodput_rps=round(sum(1 for t in ttft if t <= slo_ms) / span, 3),
+        adapter_loads=round(sum(loads) / len(loads)),
+        goodput_rps=round(sum(1 for t in ttft if t <= slo_ms) / span / len(runs), 3),
         offered_rps=round((len(requests) - warmup) / span, 3),
-        served_per_worker=[n for _, n in sorted(workers.items(), key=lambda kv: str(kv[0]))],
+        served_per_worker=[round(sum(c) / len(runs)) for c in zip(*served, strict=False)],
         ttft_ms=ttft,
         itl_ms=itl,
     )
+
+
+def served_per_worker(run: RealRun) -> list[int]:
+    workers = Counter(s.worker for s in run.stats if s.error is None)
+    return [n for _, n in sorted(workers.items(), key=lambda kv: str(kv[0]))]
 
 
 def sim_figures(result: ProfileResult) -> SimFigures:

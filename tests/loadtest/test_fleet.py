@@ -55,6 +55,18 @@ def test_counters_are_summed_over_workers() -> None:
     assert totals == {"adapter_loads_disk": 6.0, "adapter_loads_host": 10.0, "prefix_tokens_hit": 128.0}
 
 
+def test_rounds_balance_every_profiles_position() -> None:
+    names = ["default", "least-loaded", "round-robin", "prefix-only", "adapter-only"]
+    order = fleet.rounds(names, 2)
+    assert order[:5] == names and order[5:] == names[::-1]
+    for repeats in (2, 4, 6):
+        order = fleet.rounds(names, repeats)
+        assert sorted(order) == sorted(names * repeats)
+        positions = {n: [i % 5 for i, m in enumerate(order) if m == n] for n in names}
+        assert {sum(p) for p in positions.values()} == {2 * repeats}  # the same mean position, 2 of 0..4
+    assert fleet.rounds(names, 1) == names
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_small_run_reports_real_and_simulated_figures(
@@ -65,12 +77,13 @@ def test_a_small_run_reports_real_and_simulated_figures(
         [
             "--out", str(out), "--requests", "16", "--rate", "4", "--adapters", "6",
             "--profiles", "default,round-robin", "--sim-workers", "8", "--burst-size", "4",
+            "--repeats", "2", "--warm-requests", "4",
         ]
     )  # fmt: skip
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
     assert set(summary["profiles"]) == {"default", "round-robin"}
     for figures in summary["profiles"].values():
-        assert figures["requests"] == 16 and figures["errors"] == 0
+        assert figures["requests"] == 2 * 16 and figures["errors"] == 0  # two runs each, pooled
         assert sum(figures["served_per_worker"]) == 16 and len(figures["served_per_worker"]) <= 2
         assert 0 <= figures["prefix_hit_rate"] <= 1 and figures["adapter_loads"] >= 1
         assert figures["ttft_p50_ms"] > 0 and figures["itl_p50_ms"] > 0
