@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from loadtest.procs import BenchError, free_port
+from loragate.cpu_share import threads_per_worker
 from loragate.embedded_redis import EmbeddedRedis
 from loragate.proc import spawn
 
@@ -57,10 +58,11 @@ class ServeStack:
         self.worker_args: dict[str, list[str]] = {}
         for k in range(workers):
             name = "worker" if k == 0 else f"worker-{k}"
-            extra: list[str] = []
+            # Several workers on this machine's CPUs share its cores (`loragate.cpu_share`).
+            extra = ["--threads", str(threads_per_worker(workers))] if workers > 1 else []
             if metrics:
                 port = free_port()
-                extra = ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+                extra += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
                 self.metrics_urls.append(f"http://127.0.0.1:{port}/metrics")
             self.worker_args[name] = [
                 "worker",

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from loragate.cpu_share import threads_per_worker
 from loragate.embedded_redis import EmbeddedRedis
 from loragate.endpoint import Endpoint, write_endpoint
 from loragate.paths import cache_dir
@@ -133,13 +134,17 @@ def _prepare(stack: StackConfig, env: dict[str, str], stops: StopRequests) -> bo
 
 
 def _worker_args(stack: StackConfig, instance: str) -> dict[str, list[str]]:
-    """Each worker's id and `loragate worker` arguments; ids are unique across instances."""
+    """Each worker's id and `loragate worker` arguments; ids are unique across instances. Workers not
+    placed on a GPU share the cores (`loragate.cpu_share`) when there are several."""
     out, n = {}, 0
+    on_cpu = sum(m.workers for m in stack.models if not str(m.device or "").startswith("cuda"))
     for m in stack.models:
         args = ["--model", str(m.checkpoint), "--model-name", m.name]
         if m.adapters is not None:  # present: `_prepare` checked it
             args += ["--adapters", str(m.adapters)] + [a for p in m.pin for a in ("--pin", p)]
         args += [a for flag, v in (("--device", m.device), ("--dtype", m.dtype)) if v for a in (flag, v)]
+        if on_cpu > 1 and not str(m.device or "").startswith("cuda"):
+            args += ["--threads", str(threads_per_worker(on_cpu))]
         for _ in range(m.workers):
             worker_id = f"{m.name}-{n}-{instance}"
             out[worker_id] = ["worker", *args, "--worker-id", worker_id]

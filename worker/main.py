@@ -12,6 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 import redis
+import torch
 
 from loragate import contracts
 from loragate.proc import exit_on_stop_signal, install_stop_handler
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_device_args(p)
     p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for the engine's math (default: every core; several CPU workers on one machine "
+        "should split the cores, as `loragate up` does)",
+    )
+    p.add_argument(
         "--warmup",
         choices=("auto", "on", "off"),
         default="auto",
@@ -67,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         contracts.check_model_name(name)
     except ValueError as e:
         parser.error(str(e))
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads: must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     worker_id = args.worker_id or f"{name}-{socket.gethostname()}"
     r: redis.Redis = connect_sync(args.redis)  # no retry: its output transactions must not run twice
     engine = LLMEngine(
@@ -80,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             dtype=dtype,
             warmup={"auto": None, "on": True, "off": False}[args.warmup],
         ),
+    )
+    logging.getLogger("loragate.worker").info(
+        "engine on %s (%s), %d CPU threads", device, dtype_name(dtype), torch.get_num_threads()
     )
     if engine.warmup is not None:
         logging.getLogger("loragate.worker").info(

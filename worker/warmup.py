@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 WARMUP_PREFIX = "\x00warmup"  # no adapter or request id a client can give holds a NUL
 PROMPT_BLOCKS = (0.75, 1.75, 5.5)  # prompt lengths, in KV blocks: contexts of one, two and several blocks
 QV_ONLY = ("q_proj", "v_proj")
+MAX_TOKENS = 3  # each request's output: a prefill, then decode steps
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def ladder(max_num_seqs: int, block_size: int, max_loras: int, max_model_len: in
         sizes.append(n)
         n *= 2
     sizes.append(max_num_seqs)
-    lens = sorted({max(1, min(int(b * block_size), max_model_len - 2)) for b in PROMPT_BLOCKS})
+    lens = sorted({max(1, min(int(b * block_size), max_model_len - MAX_TOKENS)) for b in PROMPT_BLOCKS})
     mixes = sorted({0, min(1, max_loras), min(8, max_loras)})
     return [Wave(s, p, a) for s in sizes for p in lens for a in mixes]
 
@@ -94,7 +95,9 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
         raise RuntimeError("warm_up needs an idle engine")
     start, steps = time.perf_counter(), 0
     cfg = engine.config
-    waves = ladder(cfg.max_num_seqs, cfg.block_size, cfg.max_loras, engine.max_model_len)
+    # A prompt must fit the context and the KV pool (a small pool: short prompts only).
+    limit = min(engine.max_model_len, engine.kv.num_blocks * cfg.block_size)
+    waves = ladder(cfg.max_num_seqs, cfg.block_size, cfg.max_loras, limit)
     names = [_install(engine, synthetic_adapter(engine, i)) for i in range(max(w.adapters for w in waves))]
     vocab = engine.model_config.vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -106,7 +109,7 @@ def warm_up(engine: LLMEngine) -> WarmupReport:
                     Request(
                         request_id=f"{WARMUP_PREFIX}-{w}-{i}",
                         prompt_token_ids=tuple(ids),
-                        params=SamplingParams(max_tokens=3, ignore_eos=True),
+                        params=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
                         adapter=names[i % wave.adapters] if wave.adapters else None,
                     )
                 )

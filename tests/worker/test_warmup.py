@@ -41,7 +41,7 @@ def test_ladder_covers_batch_sizes_prompt_lengths_and_adapter_mixes() -> None:
     assert len(waves) == 7 * 3 * 3
     # Few slots and a short context bound the ladder; no adapters, no adapter waves.
     assert {w.adapters for w in ladder(4, 16, 0, 2048)} == {0}
-    assert max(w.prompt_len for w in ladder(4, 16, 2, 40)) == 38
+    assert max(w.prompt_len for w in ladder(4, 16, 2, 40)) == 37  # room for its 3 output tokens
     assert Wave(4, 12, 2) in ladder(4, 16, 2, 2048)
 
 
@@ -106,3 +106,10 @@ def test_variant_count_covers_every_triton_kernel() -> None:
                         with_kernels.add(path.stem)
     assert with_kernels and with_kernels <= counted | {"triton_util"}  # triton_util: device helpers only
     assert triton_variants.compiled_variants() == {}  # the CPU compiles none (interpreter or no GPU)
+
+
+def test_warm_up_fits_a_small_kv_pool(zoo: ZooPaths) -> None:
+    """A pool of 4 blocks (64 tokens) holds none of the ladder's 6-block prompts: they are cut to fit."""
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=4, max_num_seqs=2, warmup=True))
+    assert engine.warmup is not None and engine.warmup.steps > 0
+    assert engine.snapshot().kv_blocks_free == 4
