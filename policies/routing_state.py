@@ -12,11 +12,13 @@ after, and the changes noted since the mark are applied on top of what it saw.
 
 A routed request holds a `Reservation` on its worker: one outstanding request, its prompt tokens in the
 worker's `queued_tokens` until its first token (the prefill queued ahead of later requests, the cost
-scorer's input), and its prefix blocks recorded as routed there in the `PrefixIndex` (kept: what was sent
-where is what the worker most likely holds). Its lifecycle is route → `commit` (queued) → `first_token`
-→ `release`; every transition is idempotent, and `release` gives back what is still held exactly once,
-from any phase (success, error, disconnect, a concurrent copy queued first, Redis failing). `move` follows
-a request queued again on another worker.
+scorer's input), its adapter as pending on the worker until it ends (`Candidate.pending_adapters`: the
+worker loads it for this request, so the next request of a burst for it finds it there, not the disk
+tier a heartbeat from before the burst reports), and its prefix blocks recorded as routed there in the
+`PrefixIndex` (kept: what was sent where is what the worker most likely holds). Its lifecycle is route →
+`commit` (queued) → `first_token` → `release`; every transition is idempotent, and `release` gives back
+what is still held exactly once, from any phase (success, error, disconnect, a concurrent copy queued
+first, Redis failing). `move` follows a request queued again on another worker.
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ class Phase(StrEnum):
 class Reservation:
     """What one routed request holds on its worker, given back by its lifecycle (module docstring)."""
 
-    def __init__(self, state: RoutingState, worker_id: str, prompt_tokens: int):
+    def __init__(self, state: RoutingState, worker_id: str, prompt_tokens: int, adapter: str | None = None):
         self._state, self._worker_id, self.prompt_tokens = state, worker_id, prompt_tokens
+        self.adapter = adapter
         self._phase = Phase.ROUTED
 
     @property
@@ -103,6 +106,7 @@ class Reservation:
             return False
         self.first_token()
         self._state.note_ended(self._worker_id)
+        self._state.drop_adapter(self._worker_id, self.adapter)
         self._phase = Phase.RELEASED
         return True
 
@@ -112,6 +116,8 @@ class Reservation:
             return
         self._state.note_ended(self._worker_id)
         self._state.note_enqueued(worker_id)
+        self._state.drop_adapter(self._worker_id, self.adapter)
+        self._state.hold_adapter(worker_id, self.adapter)
         if self.holds_prompt:
             self._state.unqueue_tokens(self._worker_id, self.prompt_tokens)
             self._state.queue_tokens(worker_id, self.prompt_tokens)
@@ -144,6 +150,8 @@ class RoutingState:
         self.workers: dict[str, WorkerView] = {}
         self.queued_tokens: dict[str, int] = {}  # prompt tokens routed to a worker, first token not out
         self._delta: dict[str, int] = {}  # this router's routed minus its ended requests, per worker
+        # Per worker, the adapters of this router's outstanding requests there, with their counts.
+        self._adapters: dict[str, dict[str, int]] = {}
 
     # -- the fleet view --------------------------------------------------------------------------
     def mark(self) -> ObservationMark:
@@ -177,6 +185,21 @@ class RoutingState:
         view = self.workers.get(worker_id)
         if view is not None:
             self.workers[worker_id] = WorkerView(view.state, max(0, view.queue_len + change))
+
+    def hold_adapter(self, worker_id: str, adapter: str | None) -> None:
+        if adapter is not None:
+            held = self._adapters.setdefault(worker_id, {})
+            held[adapter] = held.get(adapter, 0) + 1
+
+    def drop_adapter(self, worker_id: str, adapter: str | None) -> None:
+        held = self._adapters.get(worker_id)
+        if adapter is None or held is None or adapter not in held:
+            return
+        held[adapter] -= 1
+        if not held[adapter]:
+            del held[adapter]
+            if not held:
+                del self._adapters[worker_id]
 
     def queue_tokens(self, worker_id: str, tokens: int) -> None:
         if tokens:
@@ -214,7 +237,8 @@ class RoutingState:
         view = self.workers[worker_id]
         cached = self.index.cached_blocks(worker_id, hashes) if hashes else 0
         queued = self.queued_tokens.get(worker_id, 0) if self.count_queued_tokens else None
-        return Candidate(view.state, view.queue_len, cached, queued)
+        pending = frozenset(self._adapters.get(worker_id, ()))
+        return Candidate(view.state, view.queue_len, cached, queued, pending)
 
     def route(
         self,
@@ -233,13 +257,15 @@ class RoutingState:
         other = shadow.route(request, candidates, rng, decision_id) if shadow is not None else None
         if self.record_routed:
             self.index.record_routed(decision.worker_id, request.block_hashes)
-        return Routed(decision, self.reserve(decision.worker_id, request.prompt_tokens), other)
+        reservation = self.reserve(decision.worker_id, request.prompt_tokens, request.adapter)
+        return Routed(decision, reservation, other)
 
-    def reserve(self, worker_id: str, prompt_tokens: int) -> Reservation:
-        """Hold one request (and its prompt's prefill) on `worker_id`."""
+    def reserve(self, worker_id: str, prompt_tokens: int, adapter: str | None = None) -> Reservation:
+        """Hold one request (its prompt's prefill, its adapter) on `worker_id`."""
         self.note_enqueued(worker_id)
         self.queue_tokens(worker_id, prompt_tokens)
-        return Reservation(self, worker_id, prompt_tokens)
+        self.hold_adapter(worker_id, adapter)
+        return Reservation(self, worker_id, prompt_tokens, adapter)
 
 
 def make_route_request(

@@ -49,6 +49,9 @@ class Candidate:
     outstanding: int  # requests queued, waiting or running on it
     cached_blocks: int = 0  # leading blocks of this request's prompt it holds (precise or approximate)
     queued_tokens: int | None = None  # prompt tokens queued ahead of this request; None when unknown
+    # Adapters of requests this router sent here that have not ended: the worker loads each onto its
+    # device for the first of them, so the next one finds it there (its heartbeat may not say so yet).
+    pending_adapters: frozenset[str] = frozenset()
 
     @property
     def worker_id(self) -> str:
@@ -57,7 +60,7 @@ class Candidate:
     def tier(self, adapter: str | None) -> AdapterTier:
         if adapter is None:
             return AdapterTier.NONE
-        if adapter in self.state.adapters_device:
+        if adapter in self.state.adapters_device or adapter in self.pending_adapters:
             return AdapterTier.DEVICE
         return AdapterTier.HOST if adapter in self.state.adapters_host else AdapterTier.DISK
 

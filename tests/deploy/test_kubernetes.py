@@ -352,6 +352,9 @@ def test_only_the_gpu_overlay_gives_workers_a_gpu(renders: dict[str, list[Obj]],
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
         else:
             assert gpus == {"requests": None, "limits": None} and _option(argv, "--device") == "cpu"
+            # A CPU worker's math threads fit its CPU limit (torch would start one per node core).
+            threads = _option(argv, "--threads")
+            assert threads is not None and int(threads) <= float(resources["limits"]["cpu"])
 
 
 # -- autoscaling -------------------------------------------------------------------------------------

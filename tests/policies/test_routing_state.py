@@ -9,7 +9,10 @@ from collections.abc import Sequence
 
 import pytest
 
+from loragate.contracts import AdapterTier
 from loragate.messages import WorkerState
+from policies.default_policy import DEFAULT_POLICY
+from policies.document import parse_policy
 from policies.routing_state import (
     PROMPT_TEXT_LIMIT,
     Phase,
@@ -271,3 +274,42 @@ def test_make_route_request_keeps_what_routing_reads() -> None:
     )
     assert made.block_hashes == (1, 2) and made.now == 5.0 and made.allowed_tenants == ()
     assert made.prompt_text == "x" * PROMPT_TEXT_LIMIT
+
+
+# -- adapters routed but not yet reported ----------------------------------------------------------
+
+
+def test_a_routed_adapter_is_pending_on_its_worker_until_its_requests_end() -> None:
+    state = fleet(w1=0, w2=0)  # the heartbeats: no adapter anywhere
+    pick = Pick("w2")
+    burst = [request(adapter="a")] * 2 + [request(adapter="b")]
+    routed = [state.route(pick, r, random.Random(0), f"d{i}") for i, r in enumerate(burst)]
+    state.route(pick, request(adapter="c"), random.Random(0), "probe")
+    by_worker = {c.worker_id: c for c in pick.seen}
+    assert by_worker["w2"].pending_adapters == {"a", "b"} and by_worker["w1"].pending_adapters == set()
+    assert by_worker["w2"].tier("a") is AdapterTier.DEVICE and by_worker["w1"].tier("a") is AdapterTier.DISK
+    assert by_worker["w2"].tier(None) is AdapterTier.NONE
+    first_a, second_a, only_b = (r.reservation for r in routed)
+    assert first_a is not None and second_a is not None and only_b is not None
+    first_a.release()
+    only_b.release()
+    only_b.release()  # idempotent: gives nothing back twice
+    assert state.candidates("tiny")[1].pending_adapters == {"a", "c"}  # a's second request still runs
+    second_a.move("w1")  # queued again elsewhere: its adapter goes with it
+    assert [c.pending_adapters for c in state.candidates("tiny")] == [{"a"}, {"c"}]
+    second_a.release()
+    assert [c.pending_adapters for c in state.candidates("tiny")] == [set(), {"c"}]
+
+
+def test_a_burst_for_one_adapter_goes_where_the_first_went() -> None:
+    """Adapter affinity within a burst, before any heartbeat reports the adapter: one load, not one per
+    worker the tie-break happens to pick."""
+    profiles = [{"name": "adapter-only", "plugins": [{"ref": "adapter"}, {"ref": "max"}]}]
+    doc = {**DEFAULT_POLICY, "profiles": profiles, "default_profile": "adapter-only", "aliases": {}}
+    profile = parse_policy(doc).profile("adapter-only")
+    state = fleet(w1=0, w2=0, w3=0)
+    chosen = {
+        state.route(profile, request(adapter="x"), random.Random(seed), f"d{seed}").decision.worker_id
+        for seed in range(12)
+    }
+    assert len(chosen) == 1
