@@ -59,7 +59,9 @@ def test_either_gateway_follows_the_prefix_the_other_placed(stack: Stack) -> Non
 
 @pytest.mark.timeout(300)
 def test_killing_one_gateway_mid_stream_loses_nothing(stack: Stack, offline: LLMEngine) -> None:
-    n, max_tokens = 12, 48
+    # Long enough that the doomed gateway's streams are still running when it is killed (the workers
+    # stream a short answer before the kill lands).
+    n, max_tokens = 12, 160
     prompts = [f"# job {i}\ndef run_{i}(queue):\n" for i in range(n)]
     refs = references(offline, prompts, max_tokens)
     ids = [f"rr-{i}-{time.monotonic_ns()}" for i in range(n)]
