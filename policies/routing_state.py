@@ -237,7 +237,7 @@ class RoutingState:
         view = self.workers[worker_id]
         cached = self.index.cached_blocks(worker_id, hashes) if hashes else 0
         queued = self.queued_tokens.get(worker_id, 0) if self.count_queued_tokens else None
-        pending = frozenset(self._adapters.get(worker_id, ()))
+        pending = frozenset(held) if (held := self._adapters.get(worker_id)) else frozenset()  # shared empty
         return Candidate(view.state, view.queue_len, cached, queued, pending)
 
     def route(

@@ -94,7 +94,6 @@ class LLMEngine:
             device=config.device,
             dtype=config.dtype,
         )
-        self._last_snapshot = self.snapshot()
         self.warmup: WarmupReport | None = None
         if config.warmup or (config.warmup is None and is_cuda(config.device)):
             self.warmup = warm_up(self)
