@@ -37,7 +37,7 @@ _CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(
     _CSRC / name for name in ("paged_decode_cpu.cpp", "sgmv_cpu.cpp", "sgmv_group_cpu.cpp", "glue_cpu.cpp")
 )
-HEADERS = (_CSRC / "convert.h", _CSRC / "sgmv_common.h", _CSRC / "vecmath.h")
+HEADERS = tuple(sorted(_CSRC.glob("*.h")))
 CACHE_ENV = "LORAGATE_KERNEL_CACHE"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 

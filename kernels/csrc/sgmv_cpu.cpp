@@ -50,23 +50,24 @@ void shrink(at::Tensor& y, const at::Tensor& x, const at::Tensor& w, const at::T
   T* yp = y.data_ptr<T>();
   const std::vector<Work> work = tiles(segments, ranks);
   at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
-    float s[TILE];
     std::vector<float> xs(std::is_same_v<T, float> ? 0 : TILE * in);  // 16-bit rows, converted once
     for (int64_t i = begin; i < end; ++i) {
       const Work& k = work[i];
       const T* xt = xp + k.token * ldx;
-      const float* xf = nullptr;
       if constexpr (!std::is_same_v<T, float>) {
         for (int64_t u = 0; u < k.tile; ++u) to_float(xs.data() + u * in, xt + u * ldx, in);
-        xf = xs.data();
       }
-      for (int64_t j = 0; j < ranks[k.slot]; ++j) {
-        const T* wr = wp + (k.slot * max_rank + j) * in;
-        tile_dots(s, wr, xf, xt, ldx, in, k.tile);
-        for (int64_t u = 0; u < k.tile; ++u) {
-          T* out = yp + (k.token + u) * ldy + j;
-          *out = from_float<T>(static_cast<float>(*out) + scales[k.slot] * s[u]);
-        }
+      T* yt = yp + k.token * ldy;
+      const float scale = scales[k.slot];
+      auto add = [&](int64_t u, int64_t j, float s) {
+        T* out = yt + u * ldy + j;
+        *out = from_float<T>(static_cast<float>(*out) + scale * s);
+      };
+      const T* a = wp + k.slot * max_rank * in;
+      if constexpr (std::is_same_v<T, float>) {
+        shrink_tile(a, in, ranks[k.slot], xt, ldx, k.tile, in, add);
+      } else {
+        shrink_tile(a, in, ranks[k.slot], xs.data(), in, k.tile, in, add);
       }
     }
   });

@@ -43,7 +43,6 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
   T* yp = y.data_ptr<T>();
   at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
     constexpr bool wide = std::is_same_v<T, float>;
-    float s[TILE];
     std::vector<float> xs(wide ? 0 : TILE * in), vs(TILE * max_rank);
     // 16-bit B in the axpy layout: each module's slot [R, O] converted to fp32 once per run of its tiles.
     std::vector<std::vector<float>> bf(wide ? 0 : n);
@@ -51,10 +50,8 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
     for (int64_t i = begin; i < end; ++i) {
       const Tile& k = work[i];
       const T* xt = xp + k.token * ldx;
-      const float* xf = nullptr;
       if constexpr (!wide) {
         for (int64_t u = 0; u < k.tile; ++u) to_float(xs.data() + u * in, xt + u * ldx, in);
-        xf = xs.data();
       }
       for (int64_t m = 0; m < n; ++m) {
         const int64_t r = ranks[m * slots + k.slot];
@@ -63,9 +60,11 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
         const float scale = scales[m * slots + k.slot];
         std::fill(vs.begin(), vs.begin() + TILE * r, 0.f);  // a short tile's missing rows add zeros
         const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
-        for (int64_t j = 0; j < r; ++j) {
-          tile_dots(s, a + j * md.a_row, xf, xt, ldx, in, k.tile);
-          for (int64_t u = 0; u < k.tile; ++u) vs[u * r + j] = static_cast<float>(from_float<T>(scale * s[u]));
+        auto keep = [&](int64_t u, int64_t j, float s) { vs[u * r + j] = static_cast<float>(from_float<T>(scale * s)); };
+        if constexpr (wide) {
+          shrink_tile(a, md.a_row, r, xt, ldx, k.tile, in, keep);
+        } else {
+          shrink_tile(a, md.a_row, r, xs.data(), in, k.tile, in, keep);
         }
         T* yt = yp + k.token * ldy + md.offset;
         const T* b = static_cast<const T*>(md.b) + k.slot * md.b_slot;

@@ -1,0 +1,161 @@
+// Register-blocked inner loops of the CPU SGMV kernels, on the compiler's generic 16-float vectors (one
+// AVX-512 register; two or four narrower ones on other CPUs), so the same code builds everywhere.
+//
+// Shrink: a block of 4 token rows × 4 weight rows keeps 16 vector accumulators (8 loads feed 16 FMAs, where
+// a dot per weight row needs 5 loads for 4), then reduces all 16 at once with a shuffle tree. Expand: a
+// block of 4 token rows × 64 outputs (4 loads and 4 broadcasts feed 16 FMAs per rank).
+// Every (token, weight row) and every (token, output) is summed in the same order wherever it sits in a
+// block, so a token's result never depends on the batch around it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "convert.h"
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace loragate_sgmv {
+
+using loragate::from_float;
+
+constexpr int64_t TILE = 4;  // token rows per block
+constexpr int64_t VL = 16;   // lanes of `vf`
+using vf = float __attribute__((vector_size(VL * sizeof(float))));
+
+template <typename T>
+inline vf load_vf(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    vf v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
+    using vh = uint16_t __attribute__((vector_size(VL * sizeof(uint16_t))));
+    using vu = uint32_t __attribute__((vector_size(VL * sizeof(uint32_t))));
+    vh h;
+    std::memcpy(&h, p, sizeof(h));
+    const vu w = __builtin_convertvector(h, vu) << 16;
+    vf v;
+    std::memcpy(&v, &w, sizeof(v));
+    return v;
+  } else {
+    float f[VL];
+    for (int64_t l = 0; l < VL; ++l) f[l] = static_cast<float>(p[l]);
+    vf v;
+    std::memcpy(&v, f, sizeof(v));
+    return v;
+  }
+}
+
+// One vector of 16 sums from 16 vectors: out[k] = sum over lanes of acc[k]. Each level adds the halves of
+// pairs, so every input is reduced by the same tree.
+inline vf reduce16(const vf* acc) {
+  vf h[8], q[4], e[2];
+  for (int i = 0; i < 8; ++i)
+    h[i] = __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22,
+                                   23) +
+           __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                   30, 31);
+  for (int i = 0; i < 4; ++i)
+    q[i] = __builtin_shufflevector(h[2 * i], h[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+                                   27) +
+           __builtin_shufflevector(h[2 * i], h[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                   31);
+  for (int i = 0; i < 2; ++i)
+    e[i] = __builtin_shufflevector(q[2 * i], q[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28,
+                                   29) +
+           __builtin_shufflevector(q[2 * i], q[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                   31);
+  return __builtin_shufflevector(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+// s[u * 4 + j] = sum_d x[u][d] * a[j][d] for 4 token rows and 4 weight rows of length n.
+template <typename T, typename X>
+inline void dots4x4(float* s, const T* const* a, const X* const* x, int64_t n) {
+  vf acc[16] = {};
+  int64_t d = 0;
+  for (; d + VL <= n; d += VL) {
+    vf xv[4], av[4];
+    for (int u = 0; u < 4; ++u) xv[u] = load_vf(x[u] + d);
+    for (int j = 0; j < 4; ++j) av[j] = load_vf(a[j] + d);
+    for (int u = 0; u < 4; ++u)
+      for (int j = 0; j < 4; ++j) acc[u * 4 + j] += xv[u] * av[j];
+  }
+  const vf sums = reduce16(acc);
+  std::memcpy(s, &sums, sizeof(sums));
+  for (; d < n; ++d)
+    for (int u = 0; u < 4; ++u)
+      for (int j = 0; j < 4; ++j) s[u * 4 + j] += static_cast<float>(x[u][d]) * static_cast<float>(a[j][d]);
+}
+
+// The shrink of one tile: store(u, j, sum_d x[u][d] * a[j][d]) for u < tile (<= 4) and j < r, where token row
+// u starts at x + u * ldx and weight row j at a + j * a_row. A short tile or a last block of fewer than 4
+// weight rows repeats a row it has (its sums are never stored), so no row past the tile or the rank is read.
+template <typename T, typename X, typename Store>
+inline void shrink_tile(const T* a, int64_t a_row, int64_t r, const X* x, int64_t ldx, int64_t tile, int64_t n,
+                        Store&& store) {
+  const X* xr[4];
+  for (int u = 0; u < 4; ++u) xr[u] = x + (u < tile ? u : 0) * ldx;
+  float s[16];
+  for (int64_t j0 = 0; j0 < r; j0 += 4) {
+    const T* ar[4];
+    for (int j = 0; j < 4; ++j) ar[j] = a + (j0 + j < r ? j0 + j : j0) * a_row;
+    dots4x4(s, ar, xr, n);
+    for (int64_t u = 0; u < tile; ++u)
+      for (int64_t j = 0; j < 4 && j0 + j < r; ++j) store(u, j0 + j, s[u * 4 + j]);
+  }
+}
+
+// y[u][o] += sum_j vs[u * r + j] * b[j * r_stride + o] for u < tile and o < outs, B stored [R, O] (outputs
+// contiguous). `vs` holds 4 rows; a short tile's missing rows are zeros and never stored.
+template <typename T, typename B>
+void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t tile, int64_t r, const B* b, int64_t r_stride,
+                 int64_t outs) {
+  auto store = [&](const vf* acc, int64_t o) {  // acc[u] for outputs o..o+VL of each token row
+    for (int64_t u = 0; u < tile; ++u) {
+      T* out = y + u * ldy + o;
+      if constexpr (std::is_same_v<T, float>) {
+        const vf sum = load_vf(out) + acc[u];
+        std::memcpy(out, &sum, sizeof(sum));
+      } else {
+        float a[VL];
+        std::memcpy(a, &acc[u], sizeof(a));
+#pragma omp simd
+        for (int64_t l = 0; l < VL; ++l) out[l] = from_float<T>(static_cast<float>(out[l]) + a[l]);
+      }
+    }
+  };
+  int64_t o0 = 0;
+  for (; o0 + 4 * VL <= outs; o0 += 4 * VL) {
+    vf acc[4][4] = {};  // [output vector][token row]
+    for (int64_t j = 0; j < r; ++j) {
+      const B* br = b + j * r_stride + o0;
+      vf bv[4];
+      for (int q = 0; q < 4; ++q) bv[q] = load_vf(br + q * VL);
+      for (int u = 0; u < 4; ++u) {
+        const float c = vs[u * r + j];
+        for (int q = 0; q < 4; ++q) acc[q][u] += c * bv[q];
+      }
+    }
+    for (int q = 0; q < 4; ++q) store(acc[q], o0 + q * VL);
+  }
+  for (; o0 + VL <= outs; o0 += VL) {
+    vf acc[4] = {};
+    for (int64_t j = 0; j < r; ++j) {
+      const vf bv = load_vf(b + j * r_stride + o0);
+      for (int u = 0; u < 4; ++u) acc[u] += vs[u * r + j] * bv;
+    }
+    store(acc, o0);
+  }
+  for (int64_t o = o0; o < outs; ++o) {  // the last outputs, fewer than VL
+    for (int64_t u = 0; u < tile; ++u) {
+      float s = 0.f;
+      for (int64_t j = 0; j < r; ++j) s += vs[u * r + j] * static_cast<float>(b[j * r_stride + o]);
+      y[u * ldy + o] = from_float<T>(static_cast<float>(y[u * ldy + o]) + s);
+    }
+  }
+}
+
+}  // namespace loragate_sgmv
