@@ -42,6 +42,7 @@ from loadtest.fleet_report import (
     write_report,
 )
 from loadtest.sim_autoscale import ScalingRule, Timeline, autoscale, rate_steps
+from loadtest.sim_report import ProfileResult
 from loadtest.sim_worker import EngineModel
 from loadtest.sim_workload import SimRequest, SimWorkloadSpec, make_sim_workload
 from loadtest.simulate import FleetSpec, simulate
@@ -130,11 +131,13 @@ def sim_profiles(
     engine: EngineModel,
     names: Sequence[str],
     warmup: int,
-    seed: int,
-) -> dict[str, Any]:
+    seeds: Sequence[int],
+) -> dict[str, list[ProfileResult]]:
+    """Each profile simulated once per seed (the routing's random tie-breaks, as a real gateway's)."""
     fleet = FleetSpec(workers, engine)
     return {
-        n: simulate(requests, parse_policy(fleet_policy(n)).profile(n), fleet, seed, n, warmup) for n in names
+        n: [simulate(requests, parse_policy(fleet_policy(n)).profile(n), fleet, s, n, warmup) for s in seeds]
+        for n in names
     }
 
 
@@ -147,7 +150,7 @@ def goodput_sweep(
         swept = argparse.Namespace(**{**vars(args), "rate": args.rate * factor})
         requests = workload(swept)
         span = requests[-1].arrival_s - requests[0].arrival_s
-        for name, result in sim_profiles(requests, args.workers, engine, names, 0, args.seed).items():
+        for name, (result,) in sim_profiles(requests, args.workers, engine, names, 0, [args.seed]).items():
             good = sum(1 for t in result.ttft_s if t * 1000 <= args.slo_ms)
             out[name].append((len(requests) / span, good / max(span, result.sim_s)))
     return out
@@ -235,6 +238,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sim-workers", type=int, default=200, help="the simulated fleet at scale")
     p.add_argument("--sim-prefill-tok-s", type=float, default=6000.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--sim-seeds",
+        type=int,
+        default=4,
+        help="simulated runs of the real fleet's size per profile (tie-break seeds from --seed), pooled",
+    )
     p.add_argument("--no-guidellm", action="store_true", help="skip the guidellm run beside ours")
     p.add_argument(
         "--repeats",
@@ -270,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tool = outside_tool(args, requests, Path(tmp) / "guidellm", links, flags, names[0])
     real = {n: runs[n][0] for n in names}  # the plots over time (queue depth) show each profile's first run
     engine = calibrated(pooled(runs[names[0]]), args)
-    sim = sim_profiles(requests, args.workers, engine, names, 0, args.seed)
+    sim = sim_profiles(requests, args.workers, engine, names, 0, range(args.seed, args.seed + args.sim_seeds))
     scale = max(1, args.sim_workers // args.workers)
     at_scale = sim_profiles(
         workload(args, scale),
@@ -278,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         engine,
         names,
         int(args.warmup * args.requests * scale),
-        args.seed,
+        [args.seed],
     )
     sweep = goodput_sweep(args, engine, names, (0.5, 1.0, 1.5, 2.0, 3.0, 4.0))
     scaling, timeline = autoscaling(args, engine)

@@ -6,7 +6,7 @@ import argparse
 import html
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ class SimFigures:
     ttft_p50_ms: float
     ttft_p99_ms: float
     served_per_worker: list[int]
+    runs: int = 1
 
 
 def real_figures(
@@ -86,13 +87,20 @@ def served_per_worker(run: RealRun) -> list[int]:
     return [n for _, n in sorted(workers.items(), key=lambda kv: str(kv[0]))]
 
 
-def sim_figures(result: ProfileResult) -> SimFigures:
+def sim_figures(results: ProfileResult | Sequence[ProfileResult]) -> SimFigures:
+    """One profile's simulated figures over its runs (tie-breaking seeds), pooled as `real_figures` pools
+    the real repeats: prefix hits over all their prompt tokens, adapter loads per run (their mean), TTFTs
+    together."""
+    runs = [results] if isinstance(results, ProfileResult) else list(results)
+    prompt = sum(r.prompt_tokens for r in runs)
+    pooled = replace(runs[0], ttft_s=[t for r in runs for t in r.ttft_s])
     return SimFigures(
-        prefix_hit_rate=round(result.hit_rate, 4),
-        adapter_loads=result.adapter_loads,
-        ttft_p50_ms=round(1000 * result.ttft_quantile(0.5), 1),
-        ttft_p99_ms=round(1000 * result.ttft_quantile(0.99), 1),
-        served_per_worker=list(result.served),
+        prefix_hit_rate=round(sum(r.cached_tokens for r in runs) / prompt, 4) if prompt else 0.0,
+        adapter_loads=round(sum(r.adapter_loads for r in runs) / len(runs)),
+        ttft_p50_ms=round(1000 * pooled.ttft_quantile(0.5), 1),
+        ttft_p99_ms=round(1000 * pooled.ttft_quantile(0.99), 1),
+        served_per_worker=[round(sum(c) / len(runs)) for c in zip(*(r.served for r in runs), strict=True)],
+        runs=len(runs),
     )
 
 

@@ -6,7 +6,9 @@ What it models, and how far:
   holds (at most `prompt - 1` tokens: the last token is always computed); when its prefill step ends all
   its full prompt blocks are stored and the least recently used ones beyond capacity are evicted. Each
   store/evict is reported to `on_kv_event`, as the worker's KV events stream would. Blocks in use by a
-  running sequence are not pinned (a simplification: it only affects later requests).
+  running sequence are not pinned (a simplification: it only affects later requests). With
+  `EngineModel.shared_kv` the worker's own scheduler and one pool of KV blocks take the place of this
+  cache and of the batching below (`loadtest.sim_paged`).
 - **adapters**: `max_loras` device slots (LRU) and a host tier of `host_adapters` (LRU; an adapter on the
   device stays in host memory). A request whose adapter is not on the device needs a slot not used by
   any running sequence; if none is free it waits (and later requests may pass it, as in vLLM's
@@ -44,8 +46,8 @@ class EngineModel:
     prefill_tok_s: float = 10_000.0
     decode_step_s: float = 0.020
     decode_step_per_seq_s: float = 0.0003
-    # The prefix cache keeps what running sequences leave of `kv_blocks` (a paged KV engine's free blocks
-    # are its cache), not a fixed `cache_blocks`: under load, fewer cached blocks survive.
+    # One pool of `kv_blocks` for running sequences and cached prefixes, batched by the worker's own
+    # scheduler and block manager (`loadtest.sim_paged`), instead of a fixed `cache_blocks` beside them.
     shared_kv: bool = False
 
     def __post_init__(self) -> None:
@@ -203,15 +205,7 @@ class SimWorker:
                 self.cache[h] = None
                 stored.append(h)
         evicted = []
-        capacity = self.model.cache_blocks
-        if self.model.shared_kv:  # minus the private blocks (prompt tail, output) of every live sequence
-            live = [*self.running, *self.admitted]
-            private = sum(
-                -(-(s.request.prompt_tokens + s.generated) // BLOCK_SIZE) - len(s.request.block_hashes)
-                for s in live
-            )
-            capacity = max(0, min(capacity, self.model.kv_blocks - private))
-        while len(self.cache) > capacity:
+        while len(self.cache) > self.model.cache_blocks:
             evicted.append(self.cache.popitem(last=False)[0])
         if self.on_kv_event is not None and (stored or evicted):
             self.on_kv_event(self.worker_id, stored, evicted)
@@ -251,9 +245,6 @@ class SimWorker:
             self._rate_window.popleft()
         (since, n0) = self._rate_window[0]
         span = now - since
-        used = sum(
-            -(-(s.request.prompt_tokens + s.generated) // BLOCK_SIZE) for s in (*self.running, *self.admitted)
-        )
         return WorkerState(
             worker_id=self.worker_id,
             model=self.base,
@@ -261,13 +252,26 @@ class SimWorker:
             max_model_len=4096,
             adapters_device=tuple(self.device),
             adapters_host=tuple(self.host),
-            kv_blocks_free=max(0, self.model.kv_blocks - used),
+            kv_blocks_free=self.kv_blocks_free(),
             kv_blocks_total=self.model.kv_blocks,
             block_size=BLOCK_SIZE,
-            running=len(self.running) + len(self.admitted),
-            waiting=len(self.waiting),
+            running=self.num_running(),
+            waiting=self.num_waiting(),
             max_adapters=self.model.max_loras,
             decode_tok_s=round((self._output_tokens - n0) / span, 1) if span > 0 else 0.0,
             prefill_tok_s=self.model.prefill_tok_s,
             updated_at=now,
         )
+
+    def kv_blocks_free(self) -> int:
+        """KV blocks not held by a running sequence (the cache's own are free: evictable)."""
+        used = sum(
+            -(-(s.request.prompt_tokens + s.generated) // BLOCK_SIZE) for s in (*self.running, *self.admitted)
+        )
+        return max(0, self.model.kv_blocks - used)
+
+    def num_running(self) -> int:
+        return len(self.running) + len(self.admitted)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)

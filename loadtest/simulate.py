@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loadtest.sim_oracle import belady_hit_rate, lru_hit_rate
+from loadtest.sim_paged import PagedSimWorker
 from loadtest.sim_report import Oracles, ProfileResult, plot, report, table
 from loadtest.sim_worker import EngineModel, SimWorker
 from loadtest.sim_workload import BASE_MODEL, BLOCK_SIZE, SimRequest, SimWorkloadSpec, make_sim_workload
@@ -92,7 +93,9 @@ class FleetSim:
         self.routing = RoutingState(PrefixIndex(), fleet.queued_tokens, fleet.record_routed)
         width = len(str(fleet.num_workers - 1))  # ids sort in worker order, as routing lists them
         self.workers = [
-            SimWorker(f"w{k:0{width}d}", fleet.engine, BASE_MODEL, self.on_kv_event)
+            (PagedSimWorker if fleet.engine.shared_kv else SimWorker)(
+                f"w{k:0{width}d}", fleet.engine, BASE_MODEL, self.on_kv_event
+            )
             for k in range(fleet.num_workers)
         ]
         self.index_of = {w.worker_id: k for k, w in enumerate(self.workers)}

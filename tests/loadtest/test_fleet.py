@@ -12,6 +12,8 @@ import pytest
 
 from loadtest import fleet
 from loadtest.fleet_real import adapter_links, body, fleet_policy, scrape_text
+from loadtest.fleet_report import sim_figures
+from loadtest.sim_report import ProfileResult
 from loadtest.sim_workload import SimRequest, SimWorkloadSpec, make_sim_workload
 from policies.document import parse_policy
 
@@ -69,6 +71,16 @@ def test_rounds_balance_every_profiles_position() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+def test_simulated_figures_pool_their_runs_as_the_real_ones_do() -> None:
+    """Prefix hits over every run's prompt tokens, adapter loads per run, TTFTs together."""
+    one = ProfileResult("p", 100, 50, 2, 1, [0.1, 0.2], [3, 1], [10, 5], 0, 1.0, 1.0)
+    two = ProfileResult("p", 300, 60, 4, 3, [0.3, 0.4], [1, 3], [5, 10], 0, 1.0, 1.0)
+    figures = sim_figures([one, two])
+    assert figures.prefix_hit_rate == round(110 / 400, 4) and figures.adapter_loads == 5
+    assert figures.served_per_worker == [2, 2] and figures.runs == 2
+    assert figures.ttft_p50_ms == 200.0 and sim_figures(one).runs == 1
+
+
 def test_a_small_run_reports_real_and_simulated_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -91,6 +103,7 @@ def test_a_small_run_reports_real_and_simulated_figures(
             0 <= figures["sim"]["prefix_hit_rate"] <= 1 and len(figures["at_scale"]["served_per_worker"]) == 8
         )
         assert figures["sim_prefix_hit_error"] >= 0 and figures["sim_adapter_loads_error"] >= 0
+        assert figures["sim"]["runs"] == 4 and figures["at_scale"]["runs"] == 1  # --sim-seeds' default
     assert isinstance(summary["default_p99_below_every_baseline"], bool)
     scaling = summary["autoscaling"]
     assert scaling["peak_workers"] >= 1 and scaling["workers_at_end"] == 0 and scaling["requests"] > 0

@@ -148,11 +148,10 @@ def test_a_fully_cached_prompt_still_computes_its_last_token() -> None:
     assert worker.start_step() == pytest.approx(0.001)
 
 
-@pytest.mark.parametrize("shared_kv", [False, True])
-def test_with_shared_kv_running_sequences_take_their_blocks_from_the_cache(shared_kv: bool) -> None:
-    """A paged KV engine caches prefixes in the blocks its running sequences leave free: a long
-    generation in flight shrinks what the cache can keep (with `shared_kv`), a fixed cache does not."""
-    model = EngineModel(cache_blocks=8, kv_blocks=8, prefill_tok_s=1e6, shared_kv=shared_kv)
+def test_a_fixed_cache_keeps_its_size_while_a_generation_runs() -> None:
+    """Without `shared_kv` the prefix cache is a fixed share of memory beside the running sequences (the
+    paged pool is `loadtest.sim_paged`'s, tested in test_sim_paged.py)."""
+    model = EngineModel(cache_blocks=8, kv_blocks=8, prefill_tok_s=1e6)
     worker = SimWorker("w0", model, BASE_MODEL)
     worker.enqueue(request((), 16, None, output=100))  # one full private block, then its output's
     worker.start_step()
@@ -160,10 +159,10 @@ def test_with_shared_kv_running_sequences_take_their_blocks_from_the_cache(share
     for _ in range(40):  # 41 tokens generated: 57 tokens, 4 private blocks
         worker.start_step()
         worker.finish_step(0.0)
-    worker.enqueue(request(tuple(range(100, 106)), 96, None))  # 6 prompt blocks to cache, +1 for its output
+    worker.enqueue(request(tuple(range(100, 106)), 96, None))  # 6 prompt blocks to cache
     worker.start_step()
     worker.finish_step(0.0)
-    assert len(worker.cache) == (8 - 4 - 1 if shared_kv else 6)
+    assert len(worker.cache) == 6
 
 
 def test_queued_request_waits_for_the_step_ahead_and_shares_the_decode_step() -> None:
