@@ -76,6 +76,19 @@ def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> Engi
     return EngineRun(total / elapsed, ordered, steady_rate(marks), slowest * 1e3)
 
 
+def rounds(n: int) -> list[str]:
+    """The order of the loragate runs: LoRA, base, then base, LoRA, ... (n of each)."""
+    order: list[str] = []
+    for i in range(n):
+        order += ["LoRA", "base"] if i % 2 == 0 else ["base", "LoRA"]
+    return order
+
+
+def median_run(runs: list[EngineRun]) -> EngineRun:
+    """The run with the median throughput (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r.tok_s)[(len(runs) - 1) // 2]
+
+
 def steady_rate(marks: list[tuple[float, int]], lo: float = 0.1, hi: float = 0.9) -> float:
     """Tokens per second between the first steps at which `lo` and `hi` of the tokens were out."""
     total = marks[-1][1] if marks else 0
@@ -152,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-loras", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true", help="loragate only (hf figures are null)")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="timed runs of each loragate engine, alternated ABBA; figures are each engine's median run",
+    )
+    parser.add_argument(
         "--warmup",
         choices=("auto", "on", "off"),
         default="auto",
@@ -159,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_device_args(parser)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     device, dtype = device_args(parser, args)
 
     bench = bench_model(args.model, args.adapters, args.requests)
@@ -172,18 +193,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     compiled.append(total_variants())
     after_warmup = compiled_keys()
     requests = make_workload(bench.workload, engine.info.vocab_size, list(adapters))
-    warm_up(engine, requests)
-
-    lora_run = run_loragate(engine, requests, "loragate (LoRA)")
-    lora_tok_s, lora_tokens = lora_run.tok_s, lora_run.tokens
-    stats = engine.snapshot()
-    hit_rate = stats.prefix_hit_tokens / max(1, stats.prefix_queried_tokens)
-
     base_engine = LLMEngine(model_dir, replace(config, adapters={}))
     base_requests = [replace(r, adapter=None) for r in requests]
-    warm_up(base_engine, base_requests)
-    base_run = run_loragate(base_engine, base_requests, "loragate (base only)")
-    base_tok_s = base_run.tok_s
+    lora_runs: list[EngineRun] = []
+    base_runs: list[EngineRun] = []
+    for label in rounds(args.rounds):  # ABBA: on a noisy machine neither engine always goes first
+        runs, eng, work = (
+            (lora_runs, engine, requests) if label == "LoRA" else (base_runs, base_engine, base_requests)
+        )
+        eng.reset_state()  # each round from an empty prefix cache, then the reversed-prompt warm-up
+        warm_up(eng, work)
+        runs.append(run_loragate(eng, work, f"loragate ({label}, round {len(runs) + 1}/{args.rounds})"))
+        if label == "LoRA" and len(runs) == 1:
+            stats = engine.snapshot()
+    lora_run, base_run = median_run(lora_runs), median_run(base_runs)
+    lora_tok_s, lora_tokens, base_tok_s = lora_run.tok_s, lora_runs[0].tokens, base_run.tok_s
+    hit_rate = stats.prefix_hit_tokens / max(1, stats.prefix_queried_tokens)
     compiled.append(total_variants())
     for kernel, keys in compiled_keys().items():  # what the warm-up missed, for whoever extends it
         for key in sorted(keys - after_warmup.get(kernel, set())):
@@ -218,6 +243,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "hf_base_tok_s": round(hf_base_tok_s, 1) if hf_base_tok_s else None,
         "base_vs_hf_base": round(base_tok_s / hf_base_tok_s, 2) if hf_base_tok_s else None,
         "lora_vs_base_ratio": round(lora_tok_s / base_tok_s, 3),
+        "rounds": args.rounds,
+        "loragate_tok_s_rounds": [round(r.tok_s, 1) for r in lora_runs],
+        "loragate_base_tok_s_rounds": [round(r.tok_s, 1) for r in base_runs],
+        # Greedy decoding is deterministic: every round of an engine must give the same tokens.
+        "tokens_stable_across_rounds": all(r.tokens == lora_runs[0].tokens for r in lora_runs)
+        and all(r.tokens == base_runs[0].tokens for r in base_runs),
         "loragate_steady_tok_s": round(lora_run.steady_tok_s, 1),
         "loragate_base_steady_tok_s": round(base_run.steady_tok_s, 1),
         "steady_lora_vs_base_ratio": round(lora_run.steady_tok_s / max(base_run.steady_tok_s, 1e-9), 3),

@@ -48,6 +48,19 @@ def test_bench_engine_reports_every_side(capsys: pytest.CaptureFixture[str]) -> 
     assert result["kernels_compiled_in_warmup"] == result["kernels_compiled_after_warmup"] == 0
 
 
+def test_bench_engine_rounds_alternate_the_engines(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "tiny", "--requests", "4", "--adapters", "2", "--skip-hf", "--check-sample", "1"]
+    assert bench_engine.main([*argv, "--rounds", "3"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["rounds"] == 3 and len(result["loragate_tok_s_rounds"]) == 3
+    assert result["loragate_tok_s"] == sorted(result["loragate_tok_s_rounds"])[1]  # the median run
+    assert result["loragate_base_tok_s"] == sorted(result["loragate_base_tok_s_rounds"])[1]
+    assert result["tokens_stable_across_rounds"] is True and result["tokens_match"] is True
+    assert bench_engine.rounds(3) == ["LoRA", "base", "base", "LoRA", "LoRA", "base"]
+    with pytest.raises(SystemExit):
+        bench_engine.main([*argv, "--rounds", "0"])
+
+
 def test_bench_engine_with_the_engines_warm_up(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--model", "tiny", "--requests", "4", "--adapters", "2", "--skip-hf", "--check-sample", "1"]
     assert bench_engine.main([*argv, "--warmup", "on"]) == 0
