@@ -56,6 +56,8 @@ class PagedSimWorker(SimWorker):
         return n
 
     def enqueue(self, request: SimRequest) -> None:
+        if len(request.prompt_token_ids) != request.prompt_tokens:
+            raise ValueError(f"{request.request_id}: the paged worker needs the prompt's token ids")
         real = Request(
             request.request_id,
             request.prompt_token_ids,

@@ -88,6 +88,11 @@ def test_a_long_prompt_prefills_in_chunks_and_its_first_token_comes_with_the_las
     assert first == ["r"] and worker.stats.ttft_s == [pytest.approx(1.2)]
 
 
+def test_a_request_without_its_prompts_token_ids_is_refused() -> None:
+    with pytest.raises(ValueError, match="token ids"):
+        PagedSimWorker("w0", MODEL, BASE_MODEL).enqueue(SimRequest("r", "t", None, 0.0, 32, 3, (1, 2)))
+
+
 @pytest.mark.parametrize("resident", ["device", "host", "disk"])
 def test_adapter_loads_cost_what_the_tier_says(resident: str) -> None:
     worker = PagedSimWorker("w0", MODEL, BASE_MODEL)
