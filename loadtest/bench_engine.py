@@ -176,6 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="auto",
         help="the engine's own warm-up (worker.warmup; auto: on a GPU)",
     )
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="replay whole-decode steps from CUDA graphs (worker.decode_graphs; auto: on a GPU)",
+    )
     add_device_args(parser)
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -186,7 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_dir, adapters = bench.model_dir, bench.adapters
     warmup = {"auto": None, "on": True, "off": False}[args.warmup]
     config = EngineConfig(
-        adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype, warmup=warmup
+        adapters=adapters,
+        max_loras=args.max_loras,
+        device=device,
+        dtype=dtype,
+        warmup=warmup,
+        cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
     )
     compiled = [total_variants()]
     engine = LLMEngine(model_dir, config)
@@ -205,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warm_up(eng, work)
         runs.append(run_loragate(eng, work, f"loragate ({label}, round {len(runs) + 1}/{args.rounds})"))
         if label == "LoRA" and len(runs) == 1:
-            stats = engine.snapshot()
+            stats, graph_steps = engine.snapshot(), engine.stats.graph_steps
     lora_run, base_run = median_run(lora_runs), median_run(base_runs)
     lora_tok_s, lora_tokens, base_tok_s = lora_run.tok_s, lora_runs[0].tokens, base_run.tok_s
     hit_rate = stats.prefix_hit_tokens / max(1, stats.prefix_queried_tokens)
@@ -267,6 +278,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmup_steps": engine.warmup.steps if engine.warmup else None,
         "kernels_compiled_in_warmup": compiled[1] - compiled[0],
         "kernels_compiled_after_warmup": compiled[2] - compiled[1],
+        # Whole-decode steps replayed from CUDA graphs (worker.decode_graphs), in the LoRA engine's first run.
+        "cuda_graphs": engine.graphs is not None,
+        "graphs_captured": engine.graphs.report.graphs if engine.graphs and engine.graphs.report else 0,
+        "graph_capture_s": round(engine.graphs.report.seconds, 2)
+        if engine.graphs and engine.graphs.report
+        else None,
+        "graph_steps": graph_steps,
     }
     print(json.dumps(result))
     return 0

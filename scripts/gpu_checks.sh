@@ -11,9 +11,10 @@
 # Every step has its own time limit and its log under $OUT (default ./gpu-out); a failing step does not
 # stop the others, and the script's exit status is the number of failed steps.
 #
-#     bash scripts/gpu_checks.sh [quick|warmup] # quick: no transformers runs, fewer benchmark repeats;
-#                                               # warmup: the warm-up and busy-share figures first, then
-#                                               # the Triton tests (a short lease's order)
+#     bash scripts/gpu_checks.sh [quick|warmup|graphs] # quick: no transformers runs, fewer benchmark
+#                                               # repeats; warmup: the warm-up and busy-share figures first,
+#                                               # then the Triton tests (a short lease's order); graphs: the
+#                                               # engine with and without CUDA graphs, then the Triton tests
 #
 # Python packages: the GPU's own torch and triton; where a pinned pure-Python dependency is missing or
 # another version there, `pip install --target` it and put it on PYTHONPATH first.
@@ -41,6 +42,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import sys, torch, triton, transformers, peft; print(sys.version.split()[0], 'torch', torch.__version__, \
 'triton', triton.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
 step zoo 100 python3 -c "from worker.modelzoo.make import ensure_zoo; print(ensure_zoo().root)"
+if [ "$mode" = graphs ]; then
+    # Decode steps replayed from CUDA graphs against the same engine without them, on one machine.
+    for dtype in float32 bfloat16; do
+        for graphs in on off; do
+            sample=1
+            [ "$dtype$graphs" = float32on ] && sample=4
+            step "engine-small-$dtype-graphs-$graphs" 110 python3 -m loadtest.bench_engine --model small \
+                --device cuda --dtype "$dtype" --skip-hf --check-sample "$sample" --cuda-graphs "$graphs"
+        done
+    done
+    step triton-tests 70 python3 -m pytest -q -n 8 --confcutdir=tests/kernels -W default -p no:cacheprovider \
+        tests/kernels -k "triton and not interpreter"
+    grep -h '^{' "$OUT"/engine-*.log >"$OUT/results.jsonl" 2>/dev/null
+    echo "failed steps: $failed"
+    exit "$failed"
+fi
 if [ "$mode" = warmup ]; then
     step engine-small-bfloat16 150 python3 -m loadtest.bench_engine --model small --device cuda \
         --dtype bfloat16 --skip-hf --check-sample 2

@@ -100,3 +100,7 @@ class EngineConfig:
     # Compile the kernels' variants before serving (`worker.warmup`); None: on a CUDA device only (a CPU
     # compiles nothing at first use).
     warmup: bool | None = None
+    # Replay whole-decode steps from captured CUDA graphs (`worker.decode_graphs`); None: on a CUDA device
+    # with the Triton kernels. True off a GPU runs the same static path uncaptured (the Triton kernels only:
+    # tests under the Triton interpreter).
+    cuda_graphs: bool | None = None

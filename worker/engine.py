@@ -26,6 +26,7 @@ from worker.adapter_cache import AdapterCache
 from worker.batch import ForwardBatch, build_forward_batch
 from worker.block_manager import BlockManager
 from worker.config import EngineConfig, ModelLoadError
+from worker.decode_graphs import DecodeGraphs, use_graphs
 from worker.detokenizer import IncrementalDetokenizer
 from worker.device import is_cuda
 from worker.engine_events import EngineEvents
@@ -68,7 +69,8 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or max(
             1, budget // bytes_per_block(cfg, config.block_size, config.dtype)
         )
-        self.kv = KVCache(cfg, num_blocks, config.block_size, config.dtype, config.device)
+        graphs = use_graphs(config.cuda_graphs, weights.embed)
+        self.kv = KVCache(cfg, num_blocks, config.block_size, config.dtype, config.device, int(graphs))
         self.runner = ModelRunner(cfg, weights, self.kv, self.max_model_len)
         self.adapters = AdapterCache(
             cfg,
@@ -95,8 +97,14 @@ class LLMEngine:
             dtype=config.dtype,
         )
         self.warmup: WarmupReport | None = None
+        self.graphs: DecodeGraphs | None = None
         if config.warmup or (config.warmup is None and is_cuda(config.device)):
             self.warmup = warm_up(self)
+        if graphs:  # after the warm-up: its kernels are compiled, its state reset
+            self.graphs = DecodeGraphs(
+                self.runner, self.adapters, config.max_num_seqs, self.max_model_len, is_cuda(config.device)
+            )
+            self.graphs.capture_all()
 
     def reset_state(self) -> None:
         """A fresh engine's state (after `worker.warmup`): no requests, an empty prefix cache, zero counters
@@ -177,7 +185,11 @@ class LLMEngine:
             return outputs
         self.stats.steps += 1
         batch, order, sampled_seqs, lora = self._prepare(sched.scheduled)
-        logits = self.runner.forward(batch, lora)  # sampled rows, then prompt-logprob rows
+        if self.graphs is not None and self.graphs.fits(batch, len(sampled_seqs)):
+            self.stats.graph_steps += 1
+            logits = self.graphs.run(batch)
+        else:
+            logits = self.runner.forward(batch, lora)  # sampled rows, then prompt-logprob rows
         tracked = [self.requests[s.request_id] for s in sampled_seqs]
         raw = logits[: len(sampled_seqs)]
         # Penalties and bias first, then the guides' masks (a bias cannot lift a token a grammar forbids).

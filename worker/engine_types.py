@@ -70,6 +70,7 @@ class EngineStats:
     """The engine's own counters (mutable, owned by the engine; read them through `snapshot`)."""
 
     steps: int = 0
+    graph_steps: int = 0  # of `steps`, those replayed from a CUDA graph (`worker.decode_graphs`)
     decode_tokens: int = 0
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=dict)

@@ -100,9 +100,28 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Ten
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str):
-        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    """`num_blocks` blocks for sequences, plus `spare_blocks` after them that no sequence is ever given: a
+    padded batch's dummy rows write their keys and values there (`pad_slot`, `worker.decode_graphs`)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str,
+        spare_blocks: int = 0,
+    ):
+        shape = (cfg.num_layers, num_blocks + spare_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k = _zeros(shape, dtype, device)
         self.v = _zeros(shape, dtype, device)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.spare_blocks = spare_blocks
+
+    @property
+    def pad_slot(self) -> int:
+        """The first slot of the first spare block (a scratch slot no sequence's KV lives in)."""
+        if not self.spare_blocks:
+            raise ValueError("this KV pool has no spare block")
+        return self.num_blocks * self.block_size

@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="compile the kernels for every batch shape before taking requests (auto: on a GPU)",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="replay whole-decode steps from CUDA graphs captured at start (auto: on a GPU)",
+    )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics port")
     return p
@@ -90,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device=device,
             dtype=dtype,
             warmup={"auto": None, "on": True, "off": False}[args.warmup],
+            cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
         ),
     )
     logging.getLogger("loragate.worker").info(

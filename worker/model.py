@@ -77,11 +77,15 @@ class ModelRunner:
             "down": {"down_proj": 0},
         }
 
-    @torch.inference_mode()
     def forward(self, fb: ForwardBatch, lora: LoRAContext | None) -> torch.Tensor:
+        return self.forward_groups(fb, self.lora_groups(fb, lora))
+
+    @torch.inference_mode()
+    def forward_groups(self, fb: ForwardBatch, groups: dict[str, LoRAGroup]) -> torch.Tensor:
+        """The logits of `fb.logits_indices`' rows, each fused projection adapted by its group in `groups`
+        (the step's own, `lora_groups`, or a captured graph's over static buffers, `worker.decode_graphs`)."""
         cfg = self.cfg
         eps = cfg.rms_norm_eps
-        groups = self.lora_groups(fb, lora)
         h = self.w.embed[fb.input_ids]  # the residual stream (a fresh tensor: updated in place)
         down: torch.Tensor | None = None  # the previous layer's MLP output, added with the next norm
         for i, layer in enumerate(self.w.layers):

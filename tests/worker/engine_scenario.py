@@ -2,10 +2,12 @@
 
 The run covers what the kernels see in serving: mixed adapters and base requests in one batch (SGMV
 segments, split-K shrink in decode), chunked prefill forced by a small token budget (prefill attending to
-an earlier chunk), a context longer than one decode tile (split-KV decode and its merge) and, in a second
-round, a prefix-cache hit (prefill over cached blocks). Greedy, EOS ignored, fp32.
+an earlier chunk), a context longer than one decode tile (split-KV decode and its merge), in a second
+round a prefix-cache hit (prefill over cached blocks), and decode steps of three sequences with and
+without adapters (with `--graphs`, a padded bucket of the decode graphs). Greedy, EOS ignored, fp32.
 
-    TRITON_INTERPRET=1 LORAGATE_KERNEL_BACKEND=triton python -m tests.worker.engine_scenario ZOO_ROOT
+    TRITON_INTERPRET=1 LORAGATE_KERNEL_BACKEND=triton \
+        python -m tests.worker.engine_scenario ZOO_ROOT [--graphs]
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ ADAPTERS = ("qv-r8", "all-r64", "mlp-r32", "kv-r32")
 MAX_TOKENS = 4
 
 
-def _request(rid: str, prompt: list[int], adapter: str | None) -> Request:
-    return Request(rid, tuple(prompt), SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), adapter)
+def _request(rid: str, prompt: list[int], adapter: str | None, max_tokens: int = MAX_TOKENS) -> Request:
+    return Request(rid, tuple(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True), adapter)
 
 
-def run_scenario(zoo: ZooPaths, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    """`{"tokens": {request id: ids}, "cached": {request id: cached prompt tokens}}` of the run."""
+def run_scenario(zoo: ZooPaths, dtype: torch.dtype = torch.float32, graphs: bool = False) -> dict[str, Any]:
+    """`{"tokens": {request id: ids}, "cached": {request id: cached prompt tokens}, ...}` of the run;
+    `graphs`: whole-decode steps through `worker.decode_graphs`' static buffers (uncaptured off a GPU)."""
     engine = LLMEngine(
         zoo.base(BASE),
         EngineConfig(
@@ -43,6 +46,9 @@ def run_scenario(zoo: ZooPaths, dtype: torch.dtype = torch.float32) -> dict[str,
             num_kv_blocks=48,
             max_num_batched_tokens=32,
             max_loras=4,
+            max_num_seqs=6,  # decode buckets 1, 2, 4 and 6: the 4 requests pad to 4, 2 requests to 2
+            max_model_len=96,
+            cuda_graphs=graphs,
         ),
     )
     rng = random.Random(7)
@@ -52,14 +58,23 @@ def run_scenario(zoo: ZooPaths, dtype: torch.dtype = torch.float32) -> dict[str,
     # Shares the first two blocks of a2's prompt and its adapter: a prefix-cache hit.
     again = _request("b0", prompts[2][:16] + [rng.randrange(8, 8000) for _ in range(5)], ADAPTERS[1])
     other = _request("b1", [rng.randrange(8, 8000) for _ in range(12)], ADAPTERS[3])
-    results = [*engine.generate(first), *engine.generate([again, other])]
+    base = _request("b2", [rng.randrange(8, 8000) for _ in range(7)], None)
+    # Decode steps of three sequences: a bucket of 4 with a padding row, with adapters, then without; the
+    # last after steps of four, whose last row's KV slot the padding row must not write into.
+    plain = [
+        _request(f"c{i}", [rng.randrange(8, 8000) for _ in range(5 + i)], None, 2 if i == 0 else MAX_TOKENS)
+        for i in range(4)
+    ]
+    results = [*engine.generate(first), *engine.generate([again, other, base]), *engine.generate(plain)]
     triton = sorted(m for m in sys.modules if m.startswith("kernels.") and m.endswith("_triton"))
     return {
         "tokens": {r.request_id: r.token_ids for r in results},
         "cached": {r.request_id: r.cached_tokens for r in results},
         "triton_modules": triton,  # the Triton kernel modules that have been dispatched to
+        "steps": engine.stats.steps,
+        "graph_steps": engine.stats.graph_steps,
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(run_scenario(ZooPaths(Path(sys.argv[1])))))
+    print(json.dumps(run_scenario(ZooPaths(Path(sys.argv[1])), graphs="--graphs" in sys.argv[2:])))

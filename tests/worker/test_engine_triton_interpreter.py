@@ -1,5 +1,6 @@
 """The whole engine on the Triton kernels gives the same tokens as on the torch kernels: the GPU path,
-proven on a CPU through the Triton interpreter.
+proven on a CPU through the Triton interpreter, its whole-decode steps through the decode graphs' static
+buffers (`worker.decode_graphs`, uncaptured off a GPU) and its other steps eagerly.
 
 `TRITON_INTERPRET=1` only takes effect if it is set before triton is first imported, which has happened
 in any pytest process (see tests/kernels/conftest.py), so the Triton side runs `tests.worker.engine_scenario`
@@ -34,7 +35,7 @@ def test_engine_on_triton_kernels_matches_the_torch_kernels(
 ) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", BACKEND_ENV: "triton"}
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.worker.engine_scenario", str(zoo.root)],
+        [sys.executable, "-m", "tests.worker.engine_scenario", str(zoo.root), "--graphs"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -59,3 +60,7 @@ def test_engine_on_triton_kernels_matches_the_torch_kernels(
     assert expected["cached"]["b0"] == 16, "the scenario's second round must hit the prefix cache"
     assert got["cached"] == expected["cached"]
     assert got["tokens"] == expected["tokens"]
+    # The whole-decode steps ran on the decode graphs' static buffers (padded to their buckets, the pad
+    # rows' KV in the spare block), the prefill and mixed steps eagerly: both gave the torch kernels' tokens.
+    assert expected["graph_steps"] == 0
+    assert 0 < got["graph_steps"] < got["steps"] == expected["steps"]
