@@ -14,6 +14,7 @@ the adapter methods below; the managers (`scheduler`, `blocks`, `adapters`, ...)
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,8 @@ from worker.warmup import WarmupReport, warm_up
 
 if TYPE_CHECKING:
     from xgrammar import CompiledGrammar
+
+log = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -104,7 +107,13 @@ class LLMEngine:
             self.graphs = DecodeGraphs(
                 self.runner, self.adapters, config.max_num_seqs, self.max_model_len, is_cuda(config.device)
             )
-            self.graphs.capture_all()
+            try:
+                self.graphs.capture_all()
+            except (RuntimeError, torch.OutOfMemoryError) as e:
+                if config.cuda_graphs:  # asked for: a failure is the caller's to see
+                    raise
+                log.warning("CUDA graph capture failed, decode steps run eagerly: %s", e)
+                self.graphs = None
 
     def reset_state(self) -> None:
         """A fresh engine's state (after `worker.warmup`): no requests, an empty prefix cache, zero counters
