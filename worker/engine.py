@@ -288,6 +288,7 @@ class LLMEngine:
             adapter_device_evictions=adapters.device_evictions,
             adapter_host_evictions=adapters.host_evictions,
             steps=stats.steps,
+            graph_steps=stats.graph_steps,
             preemptions=stats.preemptions,
             generated_tokens=stats.decode_tokens,
         )

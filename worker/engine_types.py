@@ -61,6 +61,7 @@ class EngineSnapshot:
     adapter_device_evictions: int
     adapter_host_evictions: int
     steps: int
+    graph_steps: int  # of `steps`, those replayed from a CUDA graph
     preemptions: int
     generated_tokens: int
 

@@ -1,7 +1,7 @@
 """A worker's own Prometheus metrics (`loragate worker --metrics-port N`), from the engine's snapshot of its
 last step: KV blocks used/free, sequences running/waiting, prefix-cache hit vs queried prompt tokens, adapter
-loads by tier (disk → host memory, host → device slot) and evictions by tier, preemptions and generated
-tokens."""
+loads by tier (disk → host memory, host → device slot) and evictions by tier, preemptions, generated
+tokens, and steps by path (replayed from a CUDA graph, or eager)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,14 @@ class EngineCollector(Collector):
             "loragate_engine_generated_tokens", "Tokens generated", labels=["worker"]
         )
         tokens.add_metric(w, snap.generated_tokens)
-        yield from (kv, seqs, prefix, loads, evictions, preempt, tokens)
+        steps = CounterMetricFamily(
+            "loragate_engine_steps",
+            "Engine steps, by how they ran: replayed from a CUDA graph, or eagerly",
+            labels=["worker", "path"],
+        )
+        steps.add_metric([*w, "graph"], snap.graph_steps)
+        steps.add_metric([*w, "eager"], snap.steps - snap.graph_steps)
+        yield from (kv, seqs, prefix, loads, evictions, preempt, tokens, steps)
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

@@ -20,7 +20,7 @@ def test_collector_reports_the_engine_snapshot(zoo: ZooPaths) -> None:
     engine.step()  # m2 runs, its prompt's first block a prefix-cache hit
     snap = engine.snapshot()
     samples = {
-        (m.name, s.labels.get("state") or s.labels.get("kind") or s.labels.get("tier") or ""): s.value
+        (m.name, next((s.labels[k] for k in ("state", "kind", "tier", "path") if k in s.labels), "")): s.value
         for m in EngineCollector(engine, "w1").collect()
         for s in m.samples
         if s.labels["worker"] == "w1"
@@ -38,6 +38,8 @@ def test_collector_reports_the_engine_snapshot(zoo: ZooPaths) -> None:
         ("loragate_engine_adapter_evictions", "host"): 0,
         ("loragate_engine_preemptions", ""): 0,
         ("loragate_engine_generated_tokens", ""): 5,
+        ("loragate_engine_steps", "graph"): 0,  # no decode graphs on a CPU
+        ("loragate_engine_steps", "eager"): 5,  # m1's prefill and 3 decodes, m2's prefill
     }
     assert snap.kv_blocks_free == 64 - 2  # m2 holds its 31 tokens' two blocks
 
