@@ -139,12 +139,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--adapters", type=int, default=16)
     parser.add_argument("--base", action="store_true", help="no adapters (the base model's profile)")
     parser.add_argument("--kineto", action="store_true", help="device busy share under torch's profiler")
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="decode steps from CUDA graphs (auto: on a GPU); the category timers see only eager steps",
+    )
     add_device_args(parser)
     args = parser.parse_args(argv)
     device, dtype = device_args(parser, args)
     bench = bench_model(args.model, args.adapters, args.requests)
     adapters = {} if args.base else bench.adapters
-    engine = LLMEngine(bench.model_dir, EngineConfig(adapters=adapters, device=device, dtype=dtype))
+    graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
+    engine = LLMEngine(
+        bench.model_dir, EngineConfig(adapters=adapters, device=device, dtype=dtype, cuda_graphs=graphs)
+    )
     requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
     if args.base:
         requests = [replace(r, adapter=None) for r in requests]
@@ -157,9 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": device,
         "adapters": 0 if args.base else len(adapters),
         "requests": len(requests),
+        "cuda_graphs": engine.graphs is not None,
     }
     if args.kineto:
-        print(json.dumps({**head, **busy_profile(engine, requests, is_cuda(device))}))
+        busy = busy_profile(engine, requests, is_cuda(device))
+        print(json.dumps({**head, **busy, "graph_steps": engine.snapshot().graph_steps}))
         return 0
     timers = Timers(is_cuda(device))
     instrument(engine, timers)
@@ -173,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tok_s": round(total / wall, 1),
         "wall_s": round(wall, 2),
         "steps": engine.snapshot().steps,
+        "graph_steps": engine.snapshot().graph_steps,
         "preemptions": engine.snapshot().preemptions,
         "seconds": {c: round(s, 3) for c, s in seconds.items()},
         "share": {c: round(s / wall, 3) for c, s in seconds.items()},

@@ -48,13 +48,15 @@ if [ "$mode" = graphs ]; then
         for graphs in on off; do
             sample=1
             [ "$dtype$graphs" = float32on ] && sample=4
-            step "engine-small-$dtype-graphs-$graphs" 110 python3 -m loadtest.bench_engine --model small \
+            step "engine-small-$dtype-graphs-$graphs" 100 python3 -m loadtest.bench_engine --model small \
                 --device cuda --dtype "$dtype" --skip-hf --check-sample "$sample" --cuda-graphs "$graphs"
         done
     done
+    step busy-small-mixed-graphs 70 python3 -m loadtest.profile_engine --model small --device cuda \
+        --dtype bfloat16 --requests 24 --kineto --cuda-graphs on
     step triton-tests 70 python3 -m pytest -q -n 8 --confcutdir=tests/kernels -W default -p no:cacheprovider \
         tests/kernels -k "triton and not interpreter"
-    grep -h '^{' "$OUT"/engine-*.log >"$OUT/results.jsonl" 2>/dev/null
+    grep -h '^{' "$OUT"/engine-*.log "$OUT"/busy-*.log >"$OUT/results.jsonl" 2>/dev/null
     echo "failed steps: $failed"
     exit "$failed"
 fi

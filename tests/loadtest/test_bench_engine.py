@@ -67,6 +67,9 @@ def test_bench_engine_with_the_engines_warm_up(capsys: pytest.CaptureFixture[str
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["warmup_s"] > 0 and result["warmup_steps"] > 0
     assert result["tokens_match"] is True and result["hf_peft_tok_s"] is None
+    # No decode graphs on a CPU by default (`--cuda-graphs auto`).
+    assert result["cuda_graphs"] is False and result["graphs_captured"] == 0
+    assert result["graph_capture_s"] is None and result["graph_steps"] == 0
 
 
 def test_profile_engine_busy_share(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,6 +78,7 @@ def test_profile_engine_busy_share(capsys: pytest.CaptureFixture[str]) -> None:
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["output_tokens"] > 0 and result["steps"] > 0 and result["tok_s"] > 0
     assert result["device_busy_share"] is None and result["kernel_launches_per_step"] is None
+    assert result["cuda_graphs"] is False and result["graph_steps"] == 0
     names = [k["name"] for k in result["top_kernels"]]
     assert len(names) == 12 and any(n.startswith("aten::") for n in names)
     times = [k["self_s"] for k in result["top_kernels"]]
