@@ -137,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--adapters", type=int, default=16)
+    parser.add_argument("--max-loras", type=int, default=16, help="device adapter slots (as bench_engine)")
     parser.add_argument("--base", action="store_true", help="no adapters (the base model's profile)")
     parser.add_argument("--kineto", action="store_true", help="device busy share under torch's profiler")
     parser.add_argument(
@@ -152,7 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     adapters = {} if args.base else bench.adapters
     graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
     engine = LLMEngine(
-        bench.model_dir, EngineConfig(adapters=adapters, device=device, dtype=dtype, cuda_graphs=graphs)
+        bench.model_dir,
+        EngineConfig(
+            adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype, cuda_graphs=graphs
+        ),
     )
     requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
     if args.base:

@@ -8,7 +8,7 @@ and a sequence that cannot grow is preempted. Rather than model all that, this w
 engine's own `worker.scheduler.Scheduler` over its own `worker.block_manager.BlockManager` with real
 `worker.sequence.Sequence`s: admission, chunked prefill, preemption, prefix hits (`cached_tokens` as the
 real worker reports them), KV events and the free-block count a heartbeat publishes are the worker's.
-What stays modelled: a step's duration (the `EngineModel` costs), the adapter tiers (`SimWorker`'s), and
+What stays modelled: a step's duration (the `EngineModel` costs), the adapter tiers (`SimWorkerBase`'s), and
 the sampled tokens (ids no prompt holds, so output blocks are never hit, as with real outputs).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from loadtest.sim_worker import EngineModel, KvEvent, SimSeq, SimWorker
+from loadtest.sim_worker import SimSeq, SimWorkerBase
 from loadtest.sim_workload import BLOCK_SIZE, SimRequest
 from loragate.types import Request, SamplingParams
 from worker.block_manager import BlockManager
@@ -26,16 +26,9 @@ from worker.sequence import Sequence
 OUTPUT_TOKEN_BASE = 1 << 40  # sampled token ids: above any vocabulary, unique per worker
 
 
-class PagedSimWorker(SimWorker):
-    def __init__(
-        self,
-        worker_id: str,
-        model: EngineModel,
-        base: str,
-        on_kv_event: KvEvent | None = None,
-        measure_from_s: float = 0.0,
-    ):
-        super().__init__(worker_id, model, base, on_kv_event, measure_from_s)
+class PagedSimWorker(SimWorkerBase):
+    def _setup(self) -> None:
+        model = self.model
         self.blocks = BlockManager(model.kv_blocks, BLOCK_SIZE)
         config = SchedulerConfig(model.max_num_seqs, model.max_prefill_tokens, model.max_loras)
         self.scheduler = Scheduler(config, self.blocks)

@@ -10,9 +10,10 @@ What it models, and how far:
   `EngineModel.shared_kv` the worker's own scheduler and one pool of KV blocks take the place of this
   cache and of the batching below (`loadtest.sim_paged`).
 - **adapters**: `max_loras` device slots (LRU) and a host tier of `host_adapters` (LRU; an adapter on the
-  device stays in host memory). A request whose adapter is not on the device needs a slot not used by
-  any running sequence; if none is free it waits (and later requests may pass it, as in vLLM's
-  scheduler). Loads cost `disk_load_s` (not in host memory) or `host_load_s` and stall the step.
+  device stays in host memory; `loadtest.sim_adapters`). A request whose adapter is not on the device
+  needs a slot not used by any running sequence; if none is free it waits (and later requests may pass
+  it, as in vLLM's scheduler). Loads cost `disk_load_s` (not in host memory) or `host_load_s` and stall
+  the step.
 - **continuous batching**: one step = the running sequences' decode step plus the prefill of newly
   admitted ones (up to `max_num_seqs` sequences and `max_prefill_tokens` uncached prompt tokens per
   step). Step time = adapter loads + uncached prefill tokens / `prefill_tok_s` + (if any sequence is
@@ -23,10 +24,12 @@ What it models, and how far:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from loadtest.sim_adapters import AdapterTiers
 from loadtest.sim_workload import BLOCK_SIZE, SimRequest
 from loragate.messages import WorkerState
 
@@ -83,7 +86,11 @@ class WorkerStats:
     batch_sum: int = 0  # Σ running sequences over steps, for the mean batch size
 
 
-class SimWorker:
+class SimWorkerBase(ABC):
+    """What every simulated worker shares: its identity, adapter tiers (`loadtest.sim_adapters`),
+    measured figures and heartbeat. Batching and the prefix cache are the subclass's: `SimWorker` (a fixed
+    prefix cache beside the batch) or `loadtest.sim_paged.PagedSimWorker` (the worker's own scheduler)."""
+
     def __init__(
         self,
         worker_id: str,
@@ -95,19 +102,99 @@ class SimWorker:
         self.worker_id, self.model, self.base = worker_id, model, base
         self.on_kv_event = on_kv_event
         self.measure_from_s = measure_from_s  # requests arriving earlier are warm-up: not counted
-        self.cache: OrderedDict[int, None] = OrderedDict()  # oldest first
-        self.device: OrderedDict[str, None] = OrderedDict()
-        self.host: OrderedDict[str, None] = OrderedDict()
-        self.waiting: deque[SimSeq] = deque()
-        self.running: list[SimSeq] = []
-        self.admitted: list[SimSeq] = []
+        self.tiers = AdapterTiers(model.max_loras, model.host_adapters)
+        self.admitted: list[SimSeq] = []  # requests whose first token the current step samples
         self.busy = False
         self.stats = WorkerStats()
         self._rate_window: deque[tuple[float, int]] = deque()  # (time, output tokens so far)
         self._output_tokens = 0
+        self._setup()
 
+    @abstractmethod
+    def _setup(self) -> None:
+        """The subclass's own state: its batch and prefix cache (called last by `__init__`)."""
+
+    @property
+    @abstractmethod
+    def outstanding(self) -> int:
+        """Requests enqueued and not finished (what the real worker's queue length counts)."""
+
+    @abstractmethod
     def cached_run(self, hashes: Sequence[int]) -> int:
         """How many leading blocks of `hashes` the prefix cache holds."""
+
+    @abstractmethod
+    def enqueue(self, request: SimRequest) -> None: ...
+
+    @abstractmethod
+    def start_step(self) -> float | None:
+        """Admit what fits and return the step's duration; None when there is nothing to run."""
+
+    @abstractmethod
+    def finish_step(self, now: float) -> list[SimRequest]:
+        """Apply the step's outputs at `now`; returns the requests that finished."""
+
+    @abstractmethod
+    def kv_blocks_free(self) -> int: ...
+
+    @abstractmethod
+    def num_running(self) -> int: ...
+
+    @abstractmethod
+    def num_waiting(self) -> int: ...
+
+    def measured(self, request: SimRequest) -> bool:
+        return request.arrival_s >= self.measure_from_s
+
+    def _acquire_adapter(self, request: SimRequest, in_use: set[str | None]) -> float | None:
+        """Seconds to make the request's adapter device-resident (0 if it is); None when no slot is free."""
+        if request.adapter is None:
+            return 0.0
+        source = self.tiers.acquire(request.adapter, in_use)
+        if source == "host":
+            self.stats.host_loads += self.measured(request)
+            return self.model.host_load_s
+        if source == "disk":
+            self.stats.disk_loads += self.measured(request)
+            return self.model.disk_load_s
+        return None if source is None else 0.0
+
+    # -- heartbeat --------------------------------------------------------------------------------
+    def state(self, now: float) -> WorkerState:
+        """The heartbeat a real worker would publish now (`updated_at` in simulated seconds)."""
+        self._rate_window.append((now, self._output_tokens))
+        while now - self._rate_window[0][0] > 10.0:
+            self._rate_window.popleft()
+        (since, n0) = self._rate_window[0]
+        span = now - since
+        return WorkerState(
+            worker_id=self.worker_id,
+            model=self.base,
+            model_dir="",
+            max_model_len=4096,
+            adapters_device=tuple(self.tiers.device),
+            adapters_host=tuple(self.tiers.host),
+            kv_blocks_free=self.kv_blocks_free(),
+            kv_blocks_total=self.model.kv_blocks,
+            block_size=BLOCK_SIZE,
+            running=self.num_running(),
+            waiting=self.num_waiting(),
+            max_adapters=self.model.max_loras,
+            decode_tok_s=round((self._output_tokens - n0) / span, 1) if span > 0 else 0.0,
+            prefill_tok_s=self.model.prefill_tok_s,
+            updated_at=now,
+        )
+
+
+class SimWorker(SimWorkerBase):
+    """Continuous batching with a fixed-size prefix cache beside the batch (see the module docstring)."""
+
+    def _setup(self) -> None:
+        self.cache: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.waiting: deque[SimSeq] = deque()
+        self.running: list[SimSeq] = []
+
+    def cached_run(self, hashes: Sequence[int]) -> int:
         n = 0
         for h in hashes:
             if h not in self.cache:
@@ -117,18 +204,13 @@ class SimWorker:
 
     @property
     def outstanding(self) -> int:
-        """Requests enqueued and not finished (what the real worker's queue length counts)."""
         return len(self.waiting) + len(self.admitted) + len(self.running)
-
-    def measured(self, request: SimRequest) -> bool:
-        return request.arrival_s >= self.measure_from_s
 
     def enqueue(self, request: SimRequest) -> None:
         self.waiting.append(SimSeq(request))
 
     # -- one step ---------------------------------------------------------------------------------
     def start_step(self) -> float | None:
-        """Admit what fits and return the step's duration; None when there is nothing to run."""
         load_s, prefill_tokens = 0.0, 0
         in_use = {s.request.adapter for s in self.running}
         skipped: list[SimSeq] = []
@@ -157,7 +239,6 @@ class SimWorker:
         return load_s + prefill_tokens / self.model.prefill_tok_s + decode_s
 
     def finish_step(self, now: float) -> list[SimRequest]:
-        """Apply the step's outputs at `now`; returns the requests that finished."""
         self.busy = False
         if now >= self.measure_from_s:
             self.stats.steps += 1
@@ -209,59 +290,6 @@ class SimWorker:
             evicted.append(self.cache.popitem(last=False)[0])
         if self.on_kv_event is not None and (stored or evicted):
             self.on_kv_event(self.worker_id, stored, evicted)
-
-    # -- adapters ---------------------------------------------------------------------------------
-    def _acquire_adapter(self, request: SimRequest, in_use: set[str | None]) -> float | None:
-        """Seconds to make the request's adapter device-resident (0 if it is); None when no slot is free."""
-        adapter = request.adapter
-        if adapter is None:
-            return 0.0
-        if adapter in self.device:
-            self.device.move_to_end(adapter)
-            self.host.move_to_end(adapter)
-            return 0.0
-        if len(self.device) >= self.model.max_loras:
-            victim = next((a for a in self.device if a not in in_use), None)
-            if victim is None:
-                return None
-            del self.device[victim]
-        self.device[adapter] = None
-        if adapter in self.host:
-            self.host.move_to_end(adapter)
-            self.stats.host_loads += self.measured(request)
-            return self.model.host_load_s
-        self.host[adapter] = None
-        while len(self.host) > self.model.host_adapters:
-            victim = next(a for a in self.host if a not in self.device)
-            del self.host[victim]
-        self.stats.disk_loads += self.measured(request)
-        return self.model.disk_load_s
-
-    # -- heartbeat --------------------------------------------------------------------------------
-    def state(self, now: float) -> WorkerState:
-        """The heartbeat a real worker would publish now (`updated_at` in simulated seconds)."""
-        self._rate_window.append((now, self._output_tokens))
-        while now - self._rate_window[0][0] > 10.0:
-            self._rate_window.popleft()
-        (since, n0) = self._rate_window[0]
-        span = now - since
-        return WorkerState(
-            worker_id=self.worker_id,
-            model=self.base,
-            model_dir="",
-            max_model_len=4096,
-            adapters_device=tuple(self.device),
-            adapters_host=tuple(self.host),
-            kv_blocks_free=self.kv_blocks_free(),
-            kv_blocks_total=self.model.kv_blocks,
-            block_size=BLOCK_SIZE,
-            running=self.num_running(),
-            waiting=self.num_waiting(),
-            max_adapters=self.model.max_loras,
-            decode_tok_s=round((self._output_tokens - n0) / span, 1) if span > 0 else 0.0,
-            prefill_tok_s=self.model.prefill_tok_s,
-            updated_at=now,
-        )
 
     def kv_blocks_free(self) -> int:
         """KV blocks not held by a running sequence (the cache's own are free: evictable)."""

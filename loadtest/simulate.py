@@ -44,7 +44,7 @@ from typing import Any
 from loadtest.sim_oracle import belady_hit_rate, lru_hit_rate
 from loadtest.sim_paged import PagedSimWorker
 from loadtest.sim_report import Oracles, ProfileResult, plot, report, table
-from loadtest.sim_worker import EngineModel, SimWorker
+from loadtest.sim_worker import EngineModel, SimWorker, SimWorkerBase
 from loadtest.sim_workload import BASE_MODEL, BLOCK_SIZE, SimRequest, SimWorkloadSpec, make_sim_workload
 from loragate.contracts import EventType, KVEvent
 from policies.default_policy import DEFAULT_POLICY
@@ -111,7 +111,7 @@ class FleetSim:
         return self.routing.index
 
     @staticmethod
-    def heartbeat(worker: SimWorker, now: float) -> WorkerView:
+    def heartbeat(worker: SimWorkerBase, now: float) -> WorkerView:
         """The worker's state as it would publish it, and its queue length (exact, as XLEN is)."""
         return WorkerView(worker.state(now), worker.outstanding)
 

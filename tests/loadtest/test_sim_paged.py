@@ -98,9 +98,9 @@ def test_adapter_loads_cost_what_the_tier_says(resident: str) -> None:
     worker = PagedSimWorker("w0", MODEL, BASE_MODEL)
     adapter = f"{BASE_MODEL}:a"
     if resident == "device":
-        worker.device[adapter] = worker.host[adapter] = None
+        worker.tiers.device[adapter] = worker.tiers.host[adapter] = None
     elif resident == "host":
-        worker.host[adapter] = None
+        worker.tiers.host[adapter] = None
     worker.enqueue(make(list(range(50)), adapter=adapter))
     load_s = {"device": 0.0, "host": MODEL.host_load_s, "disk": MODEL.disk_load_s}[resident]
     assert worker.start_step() == pytest.approx(load_s + 0.05)

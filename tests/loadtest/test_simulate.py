@@ -127,9 +127,9 @@ def test_ttft_on_an_idle_worker_is_adapter_load_plus_uncached_prefill(resident: 
     worker = SimWorker("w0", model, BASE_MODEL)
     adapter = f"{BASE_MODEL}:a"
     if resident == "device":
-        worker.device[adapter] = worker.host[adapter] = None
+        worker.tiers.device[adapter] = worker.tiers.host[adapter] = None
     elif resident == "host":
-        worker.host[adapter] = None
+        worker.tiers.host[adapter] = None
     hashes = tuple(range(1, 11))  # 10 full blocks, 165 tokens
     worker.cache.update(dict.fromkeys(hashes[:6]))  # 6 leading blocks cached: 96 tokens
     worker.enqueue(request(hashes, 165, adapter))
