@@ -37,7 +37,7 @@ from loadtest.hf_reference import HFReference
 from loadtest.workload import make_workload
 from loragate.types import Request
 from worker.config import EngineConfig
-from worker.device import add_device_args, device_args, dtype_name
+from worker.device import SWITCH, add_device_args, add_switch, device_args, dtype_name
 from worker.engine import LLMEngine
 
 
@@ -170,17 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="timed runs of each loragate engine, alternated ABBA; figures are each engine's median run",
     )
-    parser.add_argument(
-        "--warmup",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="the engine's own warm-up (worker.warmup; auto: on a GPU)",
-    )
-    parser.add_argument(
+    add_switch(parser, "--warmup", "the engine's own warm-up (worker.warmup; auto: on a GPU)")
+    add_switch(
+        parser,
         "--cuda-graphs",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="replay whole-decode steps from CUDA graphs (worker.decode_graphs; auto: on a GPU)",
+        "replay whole-decode steps from CUDA graphs (worker.decode_graphs; auto: on a GPU)",
     )
     add_device_args(parser)
     args = parser.parse_args(argv)
@@ -190,14 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     bench = bench_model(args.model, args.adapters, args.requests)
     model_dir, adapters = bench.model_dir, bench.adapters
-    warmup = {"auto": None, "on": True, "off": False}[args.warmup]
+    warmup = SWITCH[args.warmup]
     config = EngineConfig(
         adapters=adapters,
         max_loras=args.max_loras,
         device=device,
         dtype=dtype,
         warmup=warmup,
-        cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
+        cuda_graphs=SWITCH[args.cuda_graphs],
     )
     compiled = [total_variants()]
     engine = LLMEngine(model_dir, config)

@@ -39,7 +39,7 @@ from loadtest.bench_models import bench_model
 from loadtest.workload import make_workload
 from loragate.types import Request
 from worker.config import EngineConfig
-from worker.device import add_device_args, device_args, dtype_name, is_cuda
+from worker.device import SWITCH, add_device_args, add_switch, device_args, dtype_name, is_cuda
 from worker.engine import LLMEngine
 
 CATEGORIES = ("linear", "lora", "attention_decode", "attention_prefill", "write_kv")
@@ -140,18 +140,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-loras", type=int, default=16, help="device adapter slots (as bench_engine)")
     parser.add_argument("--base", action="store_true", help="no adapters (the base model's profile)")
     parser.add_argument("--kineto", action="store_true", help="device busy share under torch's profiler")
-    parser.add_argument(
+    add_switch(
+        parser,
         "--cuda-graphs",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="decode steps from CUDA graphs (auto: on a GPU); the category timers see only eager steps",
+        "decode steps from CUDA graphs (auto: on a GPU); the category timers see only eager steps",
     )
     add_device_args(parser)
     args = parser.parse_args(argv)
     device, dtype = device_args(parser, args)
     bench = bench_model(args.model, args.adapters, args.requests)
     adapters = {} if args.base else bench.adapters
-    graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
+    graphs = SWITCH[args.cuda_graphs]
     engine = LLMEngine(
         bench.model_dir,
         EngineConfig(

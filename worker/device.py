@@ -75,6 +75,14 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+SWITCH = {"auto": None, "on": True, "off": False}  # an `auto|on|off` flag's value, as an EngineConfig field's
+
+
+def add_switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A `flag auto|on|off` option (default auto); `SWITCH[value]` is its None, True or False."""
+    parser.add_argument(flag, choices=tuple(SWITCH), default="auto", help=help)
+
+
 def device_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, torch.dtype]:
     """The resolved `(device, dtype)` of parsed `add_device_args` flags; a usage error names the flag."""
     try:

@@ -19,7 +19,7 @@ from loragate.proc import exit_on_stop_signal, install_stop_handler
 from loragate.redis_url import connect_sync
 from loragate.tracing import make_provider
 from worker.config import EngineConfig
-from worker.device import add_device_args, device_args, dtype_name
+from worker.device import SWITCH, add_device_args, add_switch, device_args, dtype_name
 from worker.engine import LLMEngine
 from worker.heartbeat import Heartbeat
 from worker.metrics import serve_metrics
@@ -51,17 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU threads for the engine's math (default: every core; several CPU workers on one machine "
         "should split the cores, as `loragate up` does)",
     )
-    p.add_argument(
-        "--warmup",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="compile the kernels for every batch shape before taking requests (auto: on a GPU)",
+    add_switch(
+        p, "--warmup", "compile the kernels for every batch shape before taking requests (auto: on a GPU)"
     )
-    p.add_argument(
-        "--cuda-graphs",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="replay whole-decode steps from CUDA graphs captured at start (auto: on a GPU)",
+    add_switch(
+        p, "--cuda-graphs", "replay whole-decode steps from CUDA graphs captured at start (auto: on a GPU)"
     )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics port")
@@ -95,8 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_cache_bytes=args.kv_cache_mb * 1024**2 if args.kv_cache_mb else None,
             device=device,
             dtype=dtype,
-            warmup={"auto": None, "on": True, "off": False}[args.warmup],
-            cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
+            warmup=SWITCH[args.warmup],
+            cuda_graphs=SWITCH[args.cuda_graphs],
         ),
     )
     logging.getLogger("loragate.worker").info(
