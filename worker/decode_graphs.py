@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import AttentionMeta, LoRABatchMeta, LoRAGroup, LoRAProjection
+from kernels import AttentionMeta, LoRABatchMeta, LoRAGroup
 from kernels.backend import use_triton
 from worker.adapter_cache import AdapterCache
 from worker.batch import ForwardBatch
@@ -166,17 +166,9 @@ class DecodeGraphs:
             return {}
         assert fb.lora is not None
         stacks = self.adapters.stacks
-        groups = {}
-        for name, slices in self.runner.lora_slices.items():
-            projections = tuple(
-                LoRAProjection(s.a, s.b, s.scale, s.ranks, offset, fb.lora)
-                for module, offset in slices.items()
-                if module in stacks
-                for s in (stacks[module],)
-            )
-            if projections:
-                groups[name] = LoRAGroup(projections, fb.lora)
-                _ = groups[name].projection_table
+        groups = self.runner.build_groups(stacks, dict.fromkeys(stacks, fb.lora), fb.lora)
+        for group in groups.values():
+            _ = group.projection_table
         return groups
 
     # -- replay ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ logprobs).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -134,16 +135,23 @@ class ModelRunner:
         """The step's adapted projections by fused output, those no active slot adapts left out."""
         if lora is None or fb.lora is None:
             return {}
+        return self.build_groups(lora.stacks, lora.metas, fb.lora)
+
+    def build_groups(
+        self, stacks: dict[str, LoRAStack], metas: Mapping[str, LoRABatchMeta], meta: LoRABatchMeta
+    ) -> dict[str, LoRAGroup]:
+        """Each fused output's group over its modules in `metas` (each projection with its module's meta),
+        segmented by `meta`."""
         groups = {}
         for name, slices in self.lora_slices.items():
             projections = tuple(
-                LoRAProjection(s.a, s.b, s.scale, s.ranks, offset, lora.metas[module])
+                LoRAProjection(s.a, s.b, s.scale, s.ranks, offset, metas[module])
                 for module, offset in slices.items()
-                if module in lora.metas
-                for s in (lora.stacks[module],)
+                if module in metas
+                for s in (stacks[module],)
             )
             if projections:
-                groups[name] = LoRAGroup(projections, fb.lora)
+                groups[name] = LoRAGroup(projections, meta)
         return groups
 
     @staticmethod
