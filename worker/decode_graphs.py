@@ -22,9 +22,11 @@ How:
   never the graph.
 - What replays: only whole-decode steps (every token a sequence's next, every one sampled, no prompt
   logprobs) of at most `max_num_seqs` sequences; prefill and mixed steps run eagerly.
-- Capture. Largest bucket first, every graph in one memory pool (only one replays at a time; its logits
-  are read before the next). Each capture follows an eager run on the same buffers, which compiles any
-  Triton variant the static shapes need (nothing compiles inside a capture).
+- Capture. Largest bucket first, every graph in one memory pool (only one replays at a time; its output
+  is read before the next). A graph ends at the final norm: the LM head runs eagerly on the real rows
+  only, so the graphs hold `[B, hidden]` outputs, not `[B, vocab]` logits (for a 150k vocabulary and 35
+  buckets those would be gigabytes). Each capture follows an eager run on the same buffers, which compiles
+  any Triton variant the static shapes need (nothing compiles inside a capture).
 
 Off a GPU the same static path runs uncaptured (`capture=False`): what a test can prove on a CPU with the
 Triton kernels under the interpreter (bucketing, padding, segments, the spare block), since the torch and
@@ -131,12 +133,12 @@ class DecodeGraphs:
                 for lora in (False, True):
                     self._pad(0, bucket)
                     fb = self.static_batch(bucket)
-                    self.runner.forward_groups(fb, self._groups(fb, lora))  # compiles outside the capture
+                    self.runner.hidden(fb, self._groups(fb, lora))  # compiles outside the capture
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     groups = self._groups(fb, lora)  # fresh: its rank and scale tables stacked in the graph
                     with torch.cuda.graph(graph, pool=pool):
-                        out = self.runner.forward_groups(fb, groups)
+                        out = self.runner.hidden(fb, groups)
                     self.graphs[(bucket, lora)] = (graph, out)
             torch.cuda.synchronize()
         self.report = GraphReport(len(self.graphs), time.perf_counter() - start)
@@ -201,10 +203,10 @@ class DecodeGraphs:
             s.slot_ids[k:].fill_(-1)
         if not self.capture:
             fb = self.static_batch(bucket)
-            return self.runner.forward_groups(fb, self._groups(fb, lora))[:n]
+            return self.runner.logits(self.runner.hidden(fb, self._groups(fb, lora))[:n])
         graph, out = self.graphs[(bucket, lora)]
         graph.replay()
-        return out[:n]
+        return self.runner.logits(out[:n])
 
     def _pad(self, n: int, bucket: int) -> None:
         """Rows `n .. bucket-1` become padding: context 1 and their KV written to the spare block."""

@@ -79,12 +79,19 @@ class ModelRunner:
         }
 
     def forward(self, fb: ForwardBatch, lora: LoRAContext | None) -> torch.Tensor:
-        return self.forward_groups(fb, self.lora_groups(fb, lora))
+        """The logits of `fb.logits_indices`' rows."""
+        return self.logits(self.hidden(fb, self.lora_groups(fb, lora)))
 
     @torch.inference_mode()
-    def forward_groups(self, fb: ForwardBatch, groups: dict[str, LoRAGroup]) -> torch.Tensor:
-        """The logits of `fb.logits_indices`' rows, each fused projection adapted by its group in `groups`
-        (the step's own, `lora_groups`, or a captured graph's over static buffers, `worker.decode_graphs`)."""
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The LM head over final hidden rows (`hidden`)."""
+        return linear(last, self.w.lm_head)
+
+    @torch.inference_mode()
+    def hidden(self, fb: ForwardBatch, groups: dict[str, LoRAGroup]) -> torch.Tensor:
+        """The final-normed hidden states of `fb.logits_indices`' rows, each fused projection adapted by
+        its group in `groups` (the step's own, `lora_groups`, or a captured graph's over static buffers,
+        `worker.decode_graphs`, which leaves the LM head outside the graph)."""
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         h = self.w.embed[fb.input_ids]  # the residual stream (a fresh tensor: updated in place)
@@ -105,7 +112,7 @@ class ModelRunner:
         rows = fb.logits_indices
         last_h = h[rows] if down is None else h[rows] + down[rows]
         _, last = add_rms_norm(last_h, None, self.w.norm, eps)
-        return linear(last, self.w.lm_head)
+        return last
 
     def _attention(self, qkv: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cfg = self.cfg
