@@ -46,6 +46,8 @@ from worker.adapter_cache import AdapterCache
 from worker.batch import ForwardBatch
 from worker.model import ModelRunner
 
+Captured = tuple[torch.cuda.CUDAGraph, torch.Tensor, dict[str, LoRAGroup]]  # graph, output, its groups
+
 
 def use_graphs(setting: bool | None, probe: torch.Tensor) -> bool:
     """Whether an engine whose tensors are like `probe` runs its decode steps through `DecodeGraphs`
@@ -120,7 +122,9 @@ class DecodeGraphs:
             seg_indptr=torch.full((segments + 1,), rows, dtype=torch.int64, device=device),
             slot_ids=torch.full((segments,), -1, dtype=torch.int64, device=device),
         )
-        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # Each graph with its output and the LoRA groups it reads: their projection tables were made
+        # outside the capture, and a graph replays reads of their memory, so they live as long as it.
+        self.graphs: dict[tuple[int, bool], Captured] = {}
         self.report: GraphReport | None = None
 
     # -- capture --------------------------------------------------------------------------------
@@ -139,7 +143,7 @@ class DecodeGraphs:
                     groups = self._groups(fb, lora)  # fresh: its rank and scale tables stacked in the graph
                     with torch.cuda.graph(graph, pool=pool):
                         out = self.runner.hidden(fb, groups)
-                    self.graphs[(bucket, lora)] = (graph, out)
+                    self.graphs[(bucket, lora)] = (graph, out, groups)
             torch.cuda.synchronize()
         self.report = GraphReport(len(self.graphs), time.perf_counter() - start)
         return self.report
@@ -204,7 +208,7 @@ class DecodeGraphs:
         if not self.capture:
             fb = self.static_batch(bucket)
             return self.runner.logits(self.runner.hidden(fb, self._groups(fb, lora))[:n])
-        graph, out = self.graphs[(bucket, lora)]
+        graph, out, _ = self.graphs[(bucket, lora)]
         graph.replay()
         return self.runner.logits(out[:n])
 
