@@ -233,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         == lora_tokens[index[r.request_id]]
         for r in tqdm(sample, desc="reference check", file=sys.stderr)
     ]
+    graphs = engine.graphs.report if engine.graphs else None
     result = {
         "model": args.model,
         "device": device,
@@ -274,10 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kernels_compiled_after_warmup": compiled[2] - compiled[1],
         # Whole-decode steps replayed from CUDA graphs (worker.decode_graphs), in the LoRA engine's first run.
         "cuda_graphs": engine.graphs is not None,
-        "graphs_captured": engine.graphs.report.graphs if engine.graphs and engine.graphs.report else 0,
-        "graph_capture_s": round(engine.graphs.report.seconds, 2)
-        if engine.graphs and engine.graphs.report
-        else None,
+        "graphs_captured": graphs.graphs if graphs else 0,
+        "graph_capture_s": round(graphs.seconds, 2) if graphs else None,
         "graph_steps": graph_steps,
     }
     print(json.dumps(result))

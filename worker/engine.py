@@ -193,12 +193,12 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         self.stats.steps += 1
-        batch, order, sampled_seqs, lora = self._prepare(sched.scheduled)
+        batch, order, sampled_seqs = self._prepare(sched.scheduled)
         if self.graphs is not None and self.graphs.fits(batch, len(sampled_seqs)):
             self.stats.graph_steps += 1
             logits = self.graphs.run(batch)
-        else:
-            logits = self.runner.forward(batch, lora)  # sampled rows, then prompt-logprob rows
+        else:  # sampled rows, then prompt-logprob rows
+            logits = self.runner.forward(batch, self._lora_context(batch))
         tracked = [self.requests[s.request_id] for s in sampled_seqs]
         raw = logits[: len(sampled_seqs)]
         # Penalties and bias first, then the guides' masks (a bias cannot lift a token a grammar forbids).
@@ -305,23 +305,23 @@ class LLMEngine:
     # -- internals ------------------------------------------------------------------------------
     def _prepare(
         self, scheduled: list[tuple[Sequence, int]]
-    ) -> tuple[ForwardBatch, list[tuple[Sequence, int]], list[Sequence], LoRAContext | None]:
+    ) -> tuple[ForwardBatch, list[tuple[Sequence, int]], list[Sequence]]:
         """The step's adapters made resident and its batch laid out on the device."""
         slots = self.adapters.acquire({s.adapter for s, _ in scheduled if s.adapter is not None})
         for seq, _ in scheduled:
             seq.lora_slot = slots[seq.adapter] if seq.adapter is not None else -1
-        batch, order, sampled_seqs = build_forward_batch(
-            scheduled, self.config.block_size, self.config.device
-        )
-        lora = None
-        if batch.lora is not None:
-            meta, cache = batch.lora, self.adapters
-            metas = {
-                m: meta.for_module(cache.host_ranks[m], cache.host_scale[m])
-                for m in cache.active_modules(meta.active_slots)
-            }
-            lora = LoRAContext(cache.stacks, metas)
-        return batch, order, sampled_seqs, lora
+        return build_forward_batch(scheduled, self.config.block_size, self.config.device)
+
+    def _lora_context(self, batch: ForwardBatch) -> LoRAContext | None:
+        """An eager step's adapter stacks and per-module segment metadata (None: no token is adapted)."""
+        if batch.lora is None:
+            return None
+        meta, cache = batch.lora, self.adapters
+        metas = {
+            m: meta.for_module(cache.host_ranks[m], cache.host_scale[m])
+            for m in cache.active_modules(meta.active_slots)
+        }
+        return LoRAContext(cache.stacks, metas)
 
     def _append_token(self, t: Tracked, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq, p = t.seq, t.seq.request.params

@@ -329,7 +329,8 @@ def test_a_forward_pass_reads_nothing_back_from_the_device(
     engine.add_request(Request("rb-2", prompt(42, 30), greedy(4), names[1]))
     scheduled = engine.scheduler.schedule().scheduled
     assert sorted(n for _, n in scheduled) == [1, 30]
-    batch, _, _, lora = engine._prepare(scheduled)
+    batch, _, _ = engine._prepare(scheduled)
+    lora = engine._lora_context(batch)
     assert lora is not None and batch.lora is not None
     reads: list[int] = []
     tolist = torch.Tensor.tolist

@@ -100,7 +100,8 @@ def test_a_step_on_the_meta_device_leaves_nothing_on_the_host(
         engine.add_request(r)  # greedy: a sampled request's generator needs a real device
     for step in range(3):  # chunked prefill (budget 24 of 50 prompt tokens), then decode mixed in
         scheduled = engine.scheduler.schedule().scheduled
-        batch, order, sampled_seqs, lora = engine._prepare(scheduled)
+        batch, order, sampled_seqs = engine._prepare(scheduled)
+        lora = engine._lora_context(batch)
         assert lora is not None and lora.metas
         metas = (batch.decode, batch.prefill, batch.lora)
         batch_tensors = [v for m in (batch, *metas) for v in vars(m).values() if isinstance(v, torch.Tensor)]
@@ -134,7 +135,8 @@ def test_16_bit_on_cpu_runs_and_stays_close_to_float32(zoo: ZooPaths, dtype: tor
     for d, engine in engines.items():
         for r in requests(5):
             engine.add_request(r)
-        batch, _, sampled_seqs, lora = engine._prepare(engine.scheduler.schedule().scheduled)
+        batch, _, sampled_seqs = engine._prepare(engine.scheduler.schedule().scheduled)
+        lora = engine._lora_context(batch)
         assert len(sampled_seqs) == 5
         logits[d] = engine.runner.forward(batch, lora).float()
         for r in requests(5):
