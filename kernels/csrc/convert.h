@@ -23,6 +23,25 @@ inline at::BFloat16 from_float<at::BFloat16>(float v) {
   return at::BFloat16(static_cast<uint16_t>(bits >> 16), at::BFloat16::from_bits());
 }
 
+// v rounded to T and back: the value T stores, computed on floats (vectorizes for bf16; NaN aside, as above).
+template <typename T>
+inline float round_float(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+template <>
+inline float round_float<float>(float v) {
+  return v;
+}
+template <>
+inline float round_float<at::BFloat16>(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  float r;
+  std::memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
 template <typename T>
 inline void to_float(float* dst, const T* src, int64_t n) {
 #pragma omp simd

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "convert.h"
@@ -24,6 +25,7 @@ template <typename T>
 inline T round_to(float v) {
   return loragate::from_float<T>(v);
 }
+using loragate::round_float;
 
 // out[t] = w * (h[t] * rsqrt(mean(h[t]^2) + eps)), after h[t] += delta[t] when `delta` is given.
 template <typename T>
@@ -66,27 +68,43 @@ void rms_norm(at::Tensor out, at::Tensor h, const c10::optional<at::Tensor>& del
   });
 }
 
-// x[t, head] = x * cos[pos] + rotate_half(x) * sin[pos], in place, for the `heads` heads of each row.
+// x[t, head] = x * cos[pos] + rotate_half(x) * sin[pos], in place, for the `heads` heads of each row. Rows
+// and the position's tables are widened to fp32 once (a bf16 value is a shift of its bits) and every rounding
+// to T is done on floats, so the loop vectorizes for every storage dtype.
 template <typename T>
 void rope_rows(T* x, const T* cos, const T* sin, const int64_t* positions, int64_t rows, int64_t heads,
                int64_t dim, int64_t ldx) {
   const int64_t half = dim / 2;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> cf(dim), sf(dim), xf(dim), of(dim);
     for (int64_t t = begin; t < end; ++t) {
-      const T* c = cos + positions[t] * dim;
-      const T* s = sin + positions[t] * dim;
+      loragate::to_float(cf.data(), cos + positions[t] * dim, dim);
+      loragate::to_float(sf.data(), sin + positions[t] * dim, dim);
+      const float *c = cf.data(), *s = sf.data();
       for (int64_t hd = 0; hd < heads; ++hd) {
         T* v = x + t * ldx + hd * dim;
+        const float* a;
+        float* o;
+        if constexpr (std::is_same_v<T, float>) {  // in place: each i reads and writes only i and i + half
+          a = v;
+          o = v;
+        } else {
+          loragate::to_float(xf.data(), v, dim);
+          a = xf.data();
+          o = of.data();
+        }
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
-          const float a = static_cast<float>(v[i]), b = static_cast<float>(v[i + half]);
           // torch rounds each product and the sum to T: x * cos + rotated * sin
-          const T first = round_to<T>(static_cast<float>(round_to<T>(a * static_cast<float>(c[i]))) +
-                                      static_cast<float>(round_to<T>(-b * static_cast<float>(s[i]))));
-          const T second = round_to<T>(static_cast<float>(round_to<T>(b * static_cast<float>(c[i + half]))) +
-                                       static_cast<float>(round_to<T>(a * static_cast<float>(s[i + half]))));
-          v[i] = first;
-          v[i + half] = second;
+          const float first = round_float<T>(round_float<T>(a[i] * c[i]) + round_float<T>(-a[i + half] * s[i]));
+          const float second =
+              round_float<T>(round_float<T>(a[i + half] * c[i + half]) + round_float<T>(a[i] * s[i + half]));
+          o[i] = first;
+          o[i + half] = second;
+        }
+        if constexpr (!std::is_same_v<T, float>) {
+#pragma omp simd
+          for (int64_t i = 0; i < dim; ++i) v[i] = round_to<T>(o[i]);  // exact: o[i] is a T already
         }
       }
     }
