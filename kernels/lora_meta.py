@@ -124,3 +124,13 @@ class LoRAGroup:
             rows.append([*a_cols, *b_cols, b.shape[2], p.y_offset, v_col])
             v_col += a.shape[2]
         return torch.tensor(rows, dtype=torch.int64, device=self.projections[0].a.device)
+
+    @cached_property
+    def native_args(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+        """The native CPU kernel's per-projection arguments (A stacks, B stacks, output offsets), listed
+        once per step instead of in each of its layers' calls."""
+        return (
+            [p.a for p in self.projections],
+            [p.b for p in self.projections],
+            [p.y_offset for p in self.projections],
+        )

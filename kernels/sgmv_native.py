@@ -68,16 +68,9 @@ def sgmv_expand_native(
 
 def sgmv_group_native(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int) -> None:
     target = _rows(y)
+    a, b, offsets = group.native_args
     torch.ops.loragate_cpu.sgmv_group(
-        target,
-        _rows(x),
-        [p.a for p in group.projections],
-        [p.b for p in group.projections],
-        group.rank_table,
-        group.scale_table,
-        [p.y_offset for p in group.projections],
-        group.meta.segment_table,
-        layer,
+        target, _rows(x), a, b, group.rank_table, group.scale_table, offsets, group.meta.segment_table, layer
     )
     if target is not y:
         y.copy_(target)

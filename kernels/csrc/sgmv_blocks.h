@@ -71,12 +71,28 @@ inline vf reduce16(const vf* acc) {
          __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-// s[u * 4 + j] = sum_d x[u][d] * a[j][d] for 4 token rows and 4 weight rows of length n.
+// Software prefetch of weights not yet read: a slot's A and B come from L3 or memory (every step reads each
+// active adapter once), in runs too short for the hardware prefetcher to ramp up, so the loads stalled.
+constexpr int64_t AHEAD = 8 * VL;  // prefetch distance along a row, in elements
+
+template <typename T>
+inline void prefetch(const T* p) {
+  __builtin_prefetch(p, 0, 3);
+}
+
+// s[u * 4 + j] = sum_d x[u][d] * a[j][d] for 4 token rows and 4 weight rows of length n; the lines of the
+// 4 rows of `next` (the next block, if any) at the same offsets are prefetched meanwhile.
 template <typename T, typename X>
-inline void dots4x4(float* s, const T* const* a, const X* const* x, int64_t n) {
+inline void dots4x4(float* s, const T* const* a, const X* const* x, int64_t n, const T* const* next) {
   vf acc[16] = {};
   int64_t d = 0;
   for (; d + VL <= n; d += VL) {
+    if (d + AHEAD < n) {
+      for (int j = 0; j < 4; ++j) prefetch(a[j] + d + AHEAD);
+    }
+    if (next != nullptr) {
+      for (int j = 0; j < 4; ++j) prefetch(next[j] + d);
+    }
     vf xv[4], av[4];
     for (int u = 0; u < 4; ++u) xv[u] = load_vf(x[u] + d);
     for (int j = 0; j < 4; ++j) av[j] = load_vf(a[j] + d);
@@ -99,12 +115,16 @@ inline void shrink_tile(const T* a, int64_t a_row, int64_t r, const X* x, int64_
   const X* xr[4];
   for (int u = 0; u < 4; ++u) xr[u] = x + (u < tile ? u : 0) * ldx;
   float s[16];
+  const T* ar[4];
+  const T* an[4];
+  for (int j = 0; j < 4; ++j) ar[j] = a + (j < r ? j : 0) * a_row;
   for (int64_t j0 = 0; j0 < r; j0 += 4) {
-    const T* ar[4];
-    for (int j = 0; j < 4; ++j) ar[j] = a + (j0 + j < r ? j0 + j : j0) * a_row;
-    dots4x4(s, ar, xr, n);
+    const bool more = j0 + 4 < r;
+    for (int j = 0; j < 4; ++j) an[j] = a + (j0 + 4 + j < r ? j0 + 4 + j : j0 + 4) * a_row;
+    dots4x4(s, ar, xr, n, more ? an : nullptr);
     for (int64_t u = 0; u < tile; ++u)
       for (int64_t j = 0; j < 4 && j0 + j < r; ++j) store(u, j0 + j, s[u * 4 + j]);
+    if (more) std::memcpy(ar, an, sizeof(ar));
   }
 }
 
@@ -130,8 +150,12 @@ void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t tile, int64_t r, co
   int64_t o0 = 0;
   for (; o0 + 4 * VL <= outs; o0 += 4 * VL) {
     vf acc[4][4] = {};  // [output vector][token row]
+    const bool ahead = o0 + AHEAD < outs;
     for (int64_t j = 0; j < r; ++j) {
       const B* br = b + j * r_stride + o0;
+      if (ahead) {
+        for (int q = 0; q < 4; ++q) prefetch(br + AHEAD + q * VL);
+      }
       vf bv[4];
       for (int q = 0; q < 4; ++q) bv[q] = load_vf(br + q * VL);
       for (int u = 0; u < 4; ++u) {
