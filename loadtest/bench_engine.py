@@ -14,6 +14,9 @@ against a per-request HF+peft reference on a sample. The last line printed is on
     python -m loadtest.bench_engine [--model tiny|small|smollm2] [--requests 128] [--hf-batch-size 32]
         [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
 
+`--rounds N` times each loragate engine N times, alternated ABBA (figures: each one's median run); then
+both serve the workload at once, a step of each in turn, each timed on its own steps
+(`interleaved_lora_vs_base_ratio`: the LoRA/base ratio least moved by a machine whose speed drifts).
 Both sides run on the same device and dtype, which the JSON records. In 16-bit the two accumulate in
 different orders, so `tokens_match` may be false there without either being wrong.
 """
@@ -74,6 +77,45 @@ def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> Engi
     elapsed = time.perf_counter() - start
     ordered = [tokens[r.request_id] for r in requests]
     return EngineRun(total / elapsed, ordered, steady_rate(marks), slowest * 1e3)
+
+
+def run_interleaved(runs: list[tuple[LLMEngine, list[Request]]], label: str) -> list[EngineRun]:
+    """The engines serve their workloads at once, one step each in turn: each one's figures count only its
+    own steps' time, so a machine whose speed drifts (this one's moves by a third within an hour) slows
+    both alike and their ratio stays put."""
+    clocks = [0.0] * len(runs)  # each engine's own time so far
+    tokens: list[dict[str, list[int]]] = []
+    marks: list[list[tuple[float, int]]] = [[] for _ in runs]
+    done, slowest = [0] * len(runs), [0.0] * len(runs)
+    for engine, requests in runs:
+        for r in requests:
+            engine.add_request(r)
+        tokens.append({r.request_id: [] for r in requests})
+    total = sum(r.params.max_tokens for _, requests in runs for r in requests)
+    with tqdm(total=total, desc=label, unit="tok", file=sys.stderr) as bar:
+        while any(engine.has_work() for engine, _ in runs):
+            for i, (engine, _) in enumerate(runs):
+                if not engine.has_work():
+                    continue
+                start = time.perf_counter()
+                outs = engine.step()
+                took = time.perf_counter() - start
+                for out in outs:
+                    tokens[i][out.request_id].extend(out.new_token_ids)
+                    done[i] += len(out.new_token_ids)
+                    bar.update(len(out.new_token_ids))
+                clocks[i] += took
+                slowest[i] = max(slowest[i], took)
+                marks[i].append((clocks[i], done[i]))
+    return [
+        EngineRun(
+            sum(r.params.max_tokens for r in requests) / clocks[i],
+            [tokens[i][r.request_id] for r in requests],
+            steady_rate(marks[i]),
+            slowest[i] * 1e3,
+        )
+        for i, (_, requests) in enumerate(runs)
+    ]
 
 
 def rounds(n: int) -> list[str]:
@@ -211,6 +253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs.append(run_loragate(eng, work, f"loragate ({label}, round {len(runs) + 1}/{args.rounds})"))
         if label == "LoRA" and len(runs) == 1:
             stats, graph_steps = engine.snapshot(), engine.stats.graph_steps
+    for eng, work in ((engine, requests), (base_engine, base_requests)):
+        eng.reset_state()
+        warm_up(eng, work)
+    lora_mixed, base_mixed = run_interleaved(
+        [(engine, requests), (base_engine, base_requests)], "loragate (LoRA and base, step by step)"
+    )
     lora_run, base_run = median_run(lora_runs), median_run(base_runs)
     lora_tok_s, lora_tokens, base_tok_s = lora_run.tok_s, lora_runs[0].tokens, base_run.tok_s
     hit_rate = stats.prefix_hit_tokens / max(1, stats.prefix_queried_tokens)
@@ -253,8 +301,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loragate_tok_s_rounds": [round(r.tok_s, 1) for r in lora_runs],
         "loragate_base_tok_s_rounds": [round(r.tok_s, 1) for r in base_runs],
         # Greedy decoding is deterministic: every round of an engine must give the same tokens.
-        "tokens_stable_across_rounds": all(r.tokens == lora_runs[0].tokens for r in lora_runs)
-        and all(r.tokens == base_runs[0].tokens for r in base_runs),
+        "tokens_stable_across_rounds": all(r.tokens == lora_runs[0].tokens for r in [*lora_runs, lora_mixed])
+        and all(r.tokens == base_runs[0].tokens for r in [*base_runs, base_mixed]),
+        # Both engines in one run, a step of each in turn, each timed on its own steps (`run_interleaved`):
+        # the LoRA/base ratio least moved by this machine's drifting speed.
+        "loragate_interleaved_tok_s": round(lora_mixed.tok_s, 1),
+        "loragate_base_interleaved_tok_s": round(base_mixed.tok_s, 1),
+        "interleaved_lora_vs_base_ratio": round(lora_mixed.tok_s / base_mixed.tok_s, 3),
         "loragate_steady_tok_s": round(lora_run.steady_tok_s, 1),
         "loragate_base_steady_tok_s": round(base_run.steady_tok_s, 1),
         "steady_lora_vs_base_ratio": round(lora_run.steady_tok_s / max(base_run.steady_tok_s, 1e-9), 3),

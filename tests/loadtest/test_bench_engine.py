@@ -56,6 +56,11 @@ def test_bench_engine_rounds_alternate_the_engines(capsys: pytest.CaptureFixture
     assert result["loragate_tok_s"] == sorted(result["loragate_tok_s_rounds"])[1]  # the median run
     assert result["loragate_base_tok_s"] == sorted(result["loragate_base_tok_s_rounds"])[1]
     assert result["tokens_stable_across_rounds"] is True and result["tokens_match"] is True
+    # Then both engines at once, a step each in turn, each on its own clock: the same tokens (in the
+    # stability check above), their own rates.
+    lora, base = result["loragate_interleaved_tok_s"], result["loragate_base_interleaved_tok_s"]
+    assert lora > 0 and base > 0
+    assert result["interleaved_lora_vs_base_ratio"] == pytest.approx(lora / base, abs=1e-3)
     assert bench_engine.rounds(3) == ["LoRA", "base", "base", "LoRA", "LoRA", "base"]
     with pytest.raises(SystemExit):
         bench_engine.main([*argv, "--rounds", "0"])
