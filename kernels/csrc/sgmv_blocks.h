@@ -12,6 +12,7 @@
 
 #include "convert.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -81,13 +82,14 @@ inline void prefetch(const T* p) {
 }
 
 // s[u * 4 + j] = sum_d x[u][d] * a[j][d] for 4 token rows and 4 weight rows of length n; the lines of the
-// 4 rows of `next` (the next block, if any) at the same offsets are prefetched meanwhile.
+// 4 rows of `next` (the next block, if any) at the same offsets are prefetched meanwhile, and when `cold`
+// (the block's first tile) the block's own rows a few lines ahead.
 template <typename T, typename X>
-inline void dots4x4(float* s, const T* const* a, const X* const* x, int64_t n, const T* const* next) {
+inline void dots4x4(float* s, const T* const* a, const X* const* x, int64_t n, const T* const* next, bool cold) {
   vf acc[16] = {};
   int64_t d = 0;
   for (; d + VL <= n; d += VL) {
-    if (d + AHEAD < n) {
+    if (cold && d + AHEAD < n) {
       for (int j = 0; j < 4; ++j) prefetch(a[j] + d + AHEAD);
     }
     if (next != nullptr) {
@@ -106,14 +108,14 @@ inline void dots4x4(float* s, const T* const* a, const X* const* x, int64_t n, c
       for (int j = 0; j < 4; ++j) s[u * 4 + j] += static_cast<float>(x[u][d]) * static_cast<float>(a[j][d]);
 }
 
-// The shrink of one tile: store(u, j, sum_d x[u][d] * a[j][d]) for u < tile (<= 4) and j < r, where token row
-// u starts at x + u * ldx and weight row j at a + j * a_row. A short tile or a last block of fewer than 4
-// weight rows repeats a row it has (its sums are never stored), so no row past the tile or the rank is read.
+// The shrink of `rows` token rows: store(u, j, sum_d x[u][d] * a[j][d]) for u < rows and j < r, where token
+// row u starts at x + u * ldx and weight row j at a + j * a_row. Weight-stationary: each block of 4 weight
+// rows serves every tile of 4 token rows while it is in L1 (read from memory once, for the first tile).
+// A short tile or a last block of fewer than 4 weight rows repeats a row it has (its sums are never
+// stored), so no row past `rows` or the rank is read. Each (u, j) sums in the same order wherever u sits.
 template <typename T, typename X, typename Store>
-inline void shrink_tile(const T* a, int64_t a_row, int64_t r, const X* x, int64_t ldx, int64_t tile, int64_t n,
+inline void shrink_tile(const T* a, int64_t a_row, int64_t r, const X* x, int64_t ldx, int64_t rows, int64_t n,
                         Store&& store) {
-  const X* xr[4];
-  for (int u = 0; u < 4; ++u) xr[u] = x + (u < tile ? u : 0) * ldx;
   float s[16];
   const T* ar[4];
   const T* an[4];
@@ -121,21 +123,28 @@ inline void shrink_tile(const T* a, int64_t a_row, int64_t r, const X* x, int64_
   for (int64_t j0 = 0; j0 < r; j0 += 4) {
     const bool more = j0 + 4 < r;
     for (int j = 0; j < 4; ++j) an[j] = a + (j0 + 4 + j < r ? j0 + 4 + j : j0 + 4) * a_row;
-    dots4x4(s, ar, xr, n, more ? an : nullptr);
-    for (int64_t u = 0; u < tile; ++u)
-      for (int64_t j = 0; j < 4 && j0 + j < r; ++j) store(u, j0 + j, s[u * 4 + j]);
+    for (int64_t t0 = 0; t0 < rows; t0 += TILE) {
+      const int64_t tile = std::min<int64_t>(TILE, rows - t0);
+      const X* xr[4];
+      for (int u = 0; u < 4; ++u) xr[u] = x + (t0 + (u < tile ? u : 0)) * ldx;
+      dots4x4(s, ar, xr, n, more && t0 == 0 ? an : nullptr, t0 == 0);
+      for (int64_t u = 0; u < tile; ++u)
+        for (int64_t j = 0; j < 4 && j0 + j < r; ++j) store(t0 + u, j0 + j, s[u * 4 + j]);
+    }
     if (more) std::memcpy(ar, an, sizeof(ar));
   }
 }
 
-// y[u][o] += sum_j vs[u * r + j] * b[j * r_stride + o] for u < tile and o < outs, B stored [R, O] (outputs
-// contiguous). `vs` holds 4 rows; a short tile's missing rows are zeros and never stored.
+// y[u][o] += sum_j vs[u * r + j] * b[j * r_stride + o] for u < rows and o < outs, B stored [R, O] (outputs
+// contiguous). Weight-stationary: each pass over 64 outputs serves every tile of 4 token rows while B's
+// lines for it are in L1. `vs` holds `rows` rounded up to 4; a short tile's missing rows are zeros and
+// never stored. Each (u, o) sums over j in the same order wherever u sits.
 template <typename T, typename B>
-void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t tile, int64_t r, const B* b, int64_t r_stride,
+void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t rows, int64_t r, const B* b, int64_t r_stride,
                  int64_t outs) {
-  auto store = [&](const vf* acc, int64_t o) {  // acc[u] for outputs o..o+VL of each token row
+  auto store = [&](const vf* acc, int64_t t0, int64_t tile, int64_t o) {  // acc[u]: outputs o..o+VL of row t0+u
     for (int64_t u = 0; u < tile; ++u) {
-      T* out = y + u * ldy + o;
+      T* out = y + (t0 + u) * ldy + o;
       if constexpr (std::is_same_v<T, float>) {
         const vf sum = load_vf(out) + acc[u];
         std::memcpy(out, &sum, sizeof(sum));
@@ -149,32 +158,39 @@ void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t tile, int64_t r, co
   };
   int64_t o0 = 0;
   for (; o0 + 4 * VL <= outs; o0 += 4 * VL) {
-    vf acc[4][4] = {};  // [output vector][token row]
     const bool ahead = o0 + AHEAD < outs;
-    for (int64_t j = 0; j < r; ++j) {
-      const B* br = b + j * r_stride + o0;
-      if (ahead) {
-        for (int q = 0; q < 4; ++q) prefetch(br + AHEAD + q * VL);
+    for (int64_t t0 = 0; t0 < rows; t0 += TILE) {
+      const float* vt = vs + t0 * r;
+      vf acc[4][4] = {};  // [output vector][token row]
+      for (int64_t j = 0; j < r; ++j) {
+        const B* br = b + j * r_stride + o0;
+        if (ahead && t0 == 0) {
+          for (int q = 0; q < 4; ++q) prefetch(br + AHEAD + q * VL);
+        }
+        vf bv[4];
+        for (int q = 0; q < 4; ++q) bv[q] = load_vf(br + q * VL);
+        for (int u = 0; u < 4; ++u) {
+          const float c = vt[u * r + j];
+          for (int q = 0; q < 4; ++q) acc[q][u] += c * bv[q];
+        }
       }
-      vf bv[4];
-      for (int q = 0; q < 4; ++q) bv[q] = load_vf(br + q * VL);
-      for (int u = 0; u < 4; ++u) {
-        const float c = vs[u * r + j];
-        for (int q = 0; q < 4; ++q) acc[q][u] += c * bv[q];
-      }
+      const int64_t tile = std::min<int64_t>(TILE, rows - t0);
+      for (int q = 0; q < 4; ++q) store(acc[q], t0, tile, o0 + q * VL);
     }
-    for (int q = 0; q < 4; ++q) store(acc[q], o0 + q * VL);
   }
   for (; o0 + VL <= outs; o0 += VL) {
-    vf acc[4] = {};
-    for (int64_t j = 0; j < r; ++j) {
-      const vf bv = load_vf(b + j * r_stride + o0);
-      for (int u = 0; u < 4; ++u) acc[u] += vs[u * r + j] * bv;
+    for (int64_t t0 = 0; t0 < rows; t0 += TILE) {
+      const float* vt = vs + t0 * r;
+      vf acc[4] = {};
+      for (int64_t j = 0; j < r; ++j) {
+        const vf bv = load_vf(b + j * r_stride + o0);
+        for (int u = 0; u < 4; ++u) acc[u] += vt[u * r + j] * bv;
+      }
+      store(acc, t0, std::min<int64_t>(TILE, rows - t0), o0);
     }
-    store(acc, o0);
   }
   for (int64_t o = o0; o < outs; ++o) {  // the last outputs, fewer than VL
-    for (int64_t u = 0; u < tile; ++u) {
+    for (int64_t u = 0; u < rows; ++u) {
       float s = 0.f;
       for (int64_t j = 0; j < r; ++j) s += vs[u * r + j] * static_cast<float>(b[j * r_stride + o]);
       y[u * ldy + o] = from_float<T>(static_cast<float>(y[u * ldy + o]) + s);

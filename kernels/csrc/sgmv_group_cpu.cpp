@@ -2,12 +2,14 @@
 // (q/k/v into qkv, gate/up into gate_up; a group of one for o and down): every module's shrink and
 // expand in one call, one pass over the tokens.
 //
-// For each tile of TILE tokens of one segment (one adapter slot), for each module m the slot adapts:
+// For each chunk of up to CHUNK tokens of one segment (one adapter slot), for each module m the slot adapts:
 //   v[u, j] = round(scale[m, slot] * sum_d x[u, d] * a[m][layer, slot, j, d])   j < rank[m, slot]
 //   y[u, off[m] + o] += sum_j v[u, j] * b[m][layer, slot, o, j]
 // which is `sgmv_shrink` into a zeroed v then `sgmv_expand` (same sums, same order, v rounded to the
 // storage dtype in between), without v ever leaving the thread: one dispatch per group instead of three
-// per module, the tile's 16-bit inputs converted once for all modules.
+// per module, the chunk's 16-bit inputs converted once for all modules. A chunk's tiles of 4 tokens share
+// each block of weights while it is in L1 (`sgmv_blocks.h`), and threads take chunks as they finish
+// (segments differ in length).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -15,6 +17,7 @@
 #include "sgmv_common.h"
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <vector>
 
@@ -22,8 +25,10 @@ namespace {
 
 using namespace loragate_sgmv;
 
-struct Tile {
-  int64_t token, slot, tile;
+constexpr int64_t CHUNK = 16;  // tokens per work item: 4 tiles per read of the weights from L2 or memory
+
+struct Chunk {
+  int64_t token, slot, rows;
 };
 
 struct Module {
@@ -35,43 +40,46 @@ struct Module {
 
 template <typename T>
 void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, const int64_t* ranks,
-           const float* scales, int64_t slots, const std::vector<Tile>& work) {
+           const float* scales, int64_t slots, const std::vector<Chunk>& work) {
   const int64_t in = x.size(1), ldx = x.stride(0), ldy = y.stride(0), n = static_cast<int64_t>(mods.size());
   int64_t max_rank = 0;
   for (int64_t i = 0; i < n * slots; ++i) max_rank = std::max(max_rank, ranks[i]);
   const T* xp = x.data_ptr<T>();
   T* yp = y.data_ptr<T>();
-  at::parallel_for(0, static_cast<int64_t>(work.size()), 1, [&](int64_t begin, int64_t end) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(work.size()));
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     constexpr bool wide = std::is_same_v<T, float>;
-    std::vector<float> xs(wide ? 0 : TILE * in), vs(TILE * max_rank);
-    // 16-bit B in the axpy layout: each module's slot [R, O] converted to fp32 once per run of its tiles.
+    std::vector<float> xs(wide ? 0 : CHUNK * in), vs(CHUNK * max_rank);
+    // 16-bit B in the axpy layout: each module's slot [R, O] converted to fp32 once per run of its chunks.
     std::vector<std::vector<float>> bf(wide ? 0 : n);
     std::vector<int64_t> converted(n, -1);
-    for (int64_t i = begin; i < end; ++i) {
-      const Tile& k = work[i];
+    for (int64_t i = next++; i < static_cast<int64_t>(work.size()); i = next++) {
+      const Chunk& k = work[i];
       const T* xt = xp + k.token * ldx;
       if constexpr (!wide) {
-        for (int64_t u = 0; u < k.tile; ++u) to_float(xs.data() + u * in, xt + u * ldx, in);
+        for (int64_t u = 0; u < k.rows; ++u) to_float(xs.data() + u * in, xt + u * ldx, in);
       }
+      const int64_t padded = (k.rows + TILE - 1) / TILE * TILE;
       for (int64_t m = 0; m < n; ++m) {
         const int64_t r = ranks[m * slots + k.slot];
         if (r == 0) continue;
         const Module& md = mods[m];
         const float scale = scales[m * slots + k.slot];
-        std::fill(vs.begin(), vs.begin() + TILE * r, 0.f);  // a short tile's missing rows add zeros
+        std::fill(vs.begin(), vs.begin() + padded * r, 0.f);  // a short tile's missing rows add zeros
         const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
         auto keep = [&](int64_t u, int64_t j, float s) { vs[u * r + j] = static_cast<float>(from_float<T>(scale * s)); };
         if constexpr (wide) {
-          shrink_tile(a, md.a_row, r, xt, ldx, k.tile, in, keep);
+          shrink_tile(a, md.a_row, r, xt, ldx, k.rows, in, keep);
         } else {
-          shrink_tile(a, md.a_row, r, xs.data(), in, k.tile, in, keep);
+          shrink_tile(a, md.a_row, r, xs.data(), in, k.rows, in, keep);
         }
         T* yt = yp + k.token * ldy + md.offset;
         const T* b = static_cast<const T*>(md.b) + k.slot * md.b_slot;
         if (md.b_out != 1) {
-          expand_dots(yt, ldy, vs.data(), k.tile, r, b, md.b_out, md.b_rank, md.outs);
+          expand_dots(yt, ldy, vs.data(), k.rows, r, b, md.b_out, md.b_rank, md.outs);
         } else if constexpr (wide) {
-          expand_axpy(yt, ldy, vs.data(), k.tile, r, b, md.b_rank, md.outs);
+          expand_axpy(yt, ldy, vs.data(), k.rows, r, b, md.b_rank, md.outs);
         } else {
           std::vector<float>& buf = bf[m];
           if (converted[m] != k.slot) {
@@ -79,7 +87,7 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
             for (int64_t j = 0; j < r; ++j) to_float(buf.data() + j * md.outs, b + j * md.b_rank, md.outs);
             converted[m] = k.slot;
           }
-          expand_axpy(yt, ldy, vs.data(), k.tile, r, buf.data(), md.outs, md.outs);
+          expand_axpy(yt, ldy, vs.data(), k.rows, r, buf.data(), md.outs, md.outs);
         }
       }
     }
@@ -122,7 +130,7 @@ void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorL
                     am.stride(2), static_cast<const char*>(bm.data_ptr()) + layer * bm.stride(0) * esize,
                     bm.stride(1), bm.stride(2), bm.stride(3), bm.size(2), offsets[m]});
   }
-  std::vector<Tile> work;
+  std::vector<Chunk> work;
   const int64_t* seg = segments.data_ptr<int64_t>();
   for (int64_t i = 0; i < segments.size(0); ++i) {
     const int64_t start = seg[3 * i], end = seg[3 * i + 1], slot = seg[3 * i + 2];
@@ -131,7 +139,7 @@ void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorL
     bool used = false;
     for (int64_t m = 0; m < n; ++m) used = used || rk[m * slots + slot] > 0;
     if (!used) continue;
-    for (int64_t t = start; t < end; t += TILE) work.push_back({t, slot, std::min(TILE, end - t)});
+    for (int64_t t = start; t < end; t += CHUNK) work.push_back({t, slot, std::min(CHUNK, end - t)});
   }
   const float* sc = scales.data_ptr<float>();
   switch (x.scalar_type()) {
