@@ -114,7 +114,7 @@ inline void dots4x4(float* s, const T* const* a, const X* const* x, int64_t n, c
 // A short tile or a last block of fewer than 4 weight rows repeats a row it has (its sums are never
 // stored), so no row past `rows` or the rank is read. Each (u, j) sums in the same order wherever u sits.
 template <typename T, typename X, typename Store>
-inline void shrink_tile(const T* a, int64_t a_row, int64_t r, const X* x, int64_t ldx, int64_t rows, int64_t n,
+inline void shrink_rows(const T* a, int64_t a_row, int64_t r, const X* x, int64_t ldx, int64_t rows, int64_t n,
                         Store&& store) {
   float s[16];
   const T* ar[4];

@@ -65,9 +65,9 @@ void shrink(at::Tensor& y, const at::Tensor& x, const at::Tensor& w, const at::T
       };
       const T* a = wp + k.slot * max_rank * in;
       if constexpr (std::is_same_v<T, float>) {
-        shrink_tile(a, in, ranks[k.slot], xt, ldx, k.tile, in, add);
+        shrink_rows(a, in, ranks[k.slot], xt, ldx, k.tile, in, add);
       } else {
-        shrink_tile(a, in, ranks[k.slot], xs.data(), in, k.tile, in, add);
+        shrink_rows(a, in, ranks[k.slot], xs.data(), in, k.tile, in, add);
       }
     }
   });

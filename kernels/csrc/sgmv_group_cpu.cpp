@@ -70,9 +70,9 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
         const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
         auto keep = [&](int64_t u, int64_t j, float s) { vs[u * r + j] = static_cast<float>(from_float<T>(scale * s)); };
         if constexpr (wide) {
-          shrink_tile(a, md.a_row, r, xt, ldx, k.rows, in, keep);
+          shrink_rows(a, md.a_row, r, xt, ldx, k.rows, in, keep);
         } else {
-          shrink_tile(a, md.a_row, r, xs.data(), in, k.rows, in, keep);
+          shrink_rows(a, md.a_row, r, xs.data(), in, k.rows, in, keep);
         }
         T* yt = yp + k.token * ldy + md.offset;
         const T* b = static_cast<const T*>(md.b) + k.slot * md.b_slot;
