@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 from peft import PeftModel
@@ -38,7 +39,7 @@ from kernels.triton_variants import compiled_keys, total_variants
 from loadtest.bench_models import bench_model
 from loadtest.hf_reference import HFReference
 from loadtest.workload import make_workload
-from loragate.types import Request
+from loragate.types import Request, RequestOutput
 from worker.config import EngineConfig
 from worker.device import SWITCH, add_device_args, add_switch, device_args, dtype_name
 from worker.engine import LLMEngine
@@ -79,7 +80,15 @@ def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> Engi
     return EngineRun(total / elapsed, ordered, steady_rate(marks), slowest * 1e3)
 
 
-def run_interleaved(runs: list[tuple[LLMEngine, list[Request]]], label: str) -> list[EngineRun]:
+class Stepped(Protocol):
+    """What `run_interleaved` drives: an `LLMEngine`, or a wrapper around one."""
+
+    def add_request(self, request: Request) -> None: ...
+    def has_work(self) -> bool: ...
+    def step(self) -> list[RequestOutput]: ...
+
+
+def run_interleaved(runs: Sequence[tuple[Stepped, list[Request]]], label: str) -> list[EngineRun]:
     """The engines serve their workloads at once, one step each in turn: each one's figures count only its
     own steps' time, so a machine whose speed drifts (this one's moves by a third within an hour) slows
     both alike and their ratio stays put."""
