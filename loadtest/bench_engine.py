@@ -36,12 +36,12 @@ from peft import PeftModel
 from tqdm import tqdm
 
 from kernels.triton_variants import compiled_keys, total_variants
-from loadtest.bench_models import bench_model
+from loadtest.bench_models import bench_model, run_header
 from loadtest.hf_reference import HFReference
 from loadtest.workload import make_workload
 from loragate.types import Request, RequestOutput
 from worker.config import EngineConfig
-from worker.device import SWITCH, add_device_args, add_switch, device_args, dtype_name
+from worker.device import SWITCH, add_device_args, add_switch, device_args
 from worker.engine import LLMEngine
 
 
@@ -292,11 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     graphs = engine.graphs.report if engine.graphs else None
     result = {
-        "model": args.model,
-        "device": device,
-        "dtype": dtype_name(dtype),
-        "requests": len(requests),
-        "output_tokens": sum(r.params.max_tokens for r in requests),
+        **run_header(args.model, device, dtype, requests),
         "adapters": len(adapters),
         "hf_batch_size": args.hf_batch_size,
         "loragate_tok_s": round(lora_tok_s, 1),

@@ -13,10 +13,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from loadtest.workload import WorkloadSpec
 from loragate.paths import cache_dir
+from loragate.types import Request
+from worker.device import dtype_name
 from worker.hub.pull import ensure_model
 from worker.modelzoo.adapters import ALL_LINEAR, AdapterSpec, build_adapter
 from worker.modelzoo.make import ensure_zoo
@@ -70,3 +73,14 @@ def smollm2_adapters(model_dir: Path) -> dict[str, Path]:
         for spec in tqdm(missing, desc="SmolLM2 bench adapters", file=sys.stderr):
             build_adapter(base, "smollm2", spec, paths[spec.name])
     return paths
+
+
+def run_header(model: str, device: str, dtype: torch.dtype, requests: list[Request]) -> dict[str, object]:
+    """The keys every engine benchmark's JSON line starts with: what ran, where, on how much work."""
+    return {
+        "model": model,
+        "device": device,
+        "dtype": dtype_name(dtype),
+        "requests": len(requests),
+        "output_tokens": sum(r.params.max_tokens for r in requests),
+    }

@@ -53,14 +53,14 @@ import torch
 from tqdm import tqdm
 
 from loadtest.bench_engine import run_loragate
-from loadtest.bench_models import BenchModel, bench_model
+from loadtest.bench_models import BenchModel, bench_model, run_header
 from loadtest.procs import BenchError, CPUMeter, raise_fd_limit
 from loadtest.serve_clients import StreamStats, run_clients, summarize
 from loadtest.serve_stack import API_KEY, ServeStack
 from loadtest.workload import make_workload
 from loragate.types import Request, SamplingParams
 from worker.config import EngineConfig
-from worker.device import add_device_args, device_args, dtype_name
+from worker.device import add_device_args, device_args
 from worker.engine import LLMEngine
 
 WARMUP_TOKENS = 4
@@ -218,11 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cpu_s": cpu,
         }
     result = {
-        "model": args.model,
-        "device": device,
-        "dtype": dtype_name(dtype),
-        "requests": len(requests),
-        "output_tokens": sum(r.params.max_tokens for r in requests),
+        **run_header(args.model, device, dtype, requests),
         "adapters": len(bench.adapters),
         "adapter_requests": sum(r.adapter is not None for r in requests),
         "offline_tok_s": round(offline_tok_s, 1),

@@ -20,11 +20,11 @@ from dataclasses import replace
 
 import worker.model
 from loadtest.bench_engine import Stepped, run_interleaved, warm_up
-from loadtest.bench_models import bench_model
+from loadtest.bench_models import bench_model, run_header
 from loadtest.workload import make_workload
 from loragate.types import Request, RequestOutput
 from worker.config import EngineConfig
-from worker.device import add_device_args, device_args, dtype_name
+from worker.device import add_device_args, device_args
 from worker.engine import LLMEngine
 
 
@@ -81,11 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     lora, no_kernels, plain = run_interleaved(runs, "LoRA / LoRA kernels skipped / base")
     result = {
-        "model": args.model,
-        "device": device,
-        "dtype": dtype_name(dtype),
-        "requests": len(requests),
-        "output_tokens": sum(r.params.max_tokens for r in requests),
+        **run_header(args.model, device, dtype, requests),
         "lora_tok_s": round(lora.tok_s, 1),
         "lora_kernels_skipped_tok_s": round(no_kernels.tok_s, 1),
         "base_tok_s": round(plain.tok_s, 1),
