@@ -57,29 +57,6 @@ class EngineRun:
     slowest_step_ms: float
 
 
-def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> EngineRun:
-    total = sum(r.params.max_tokens for r in requests)
-    for r in requests:
-        engine.add_request(r)
-    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    marks: list[tuple[float, int]] = []  # (seconds since start, tokens so far) after each step
-    done, slowest = 0, 0.0
-    start = time.perf_counter()
-    with tqdm(total=total, desc=label, unit="tok", file=sys.stderr) as bar:
-        while engine.has_work():
-            step_start = time.perf_counter()
-            for out in engine.step():
-                tokens[out.request_id].extend(out.new_token_ids)
-                bar.update(len(out.new_token_ids))
-                done += len(out.new_token_ids)
-            now = time.perf_counter()
-            slowest = max(slowest, now - step_start)
-            marks.append((now - start, done))
-    elapsed = time.perf_counter() - start
-    ordered = [tokens[r.request_id] for r in requests]
-    return EngineRun(total / elapsed, ordered, steady_rate(marks), slowest * 1e3)
-
-
 class Stepped(Protocol):
     """What `run_interleaved` drives: an `LLMEngine`, or a wrapper around one."""
 
@@ -125,6 +102,11 @@ def run_interleaved(runs: Sequence[tuple[Stepped, list[Request]]], label: str) -
         )
         for i, (_, requests) in enumerate(runs)
     ]
+
+
+def run_loragate(engine: LLMEngine, requests: list[Request], label: str) -> EngineRun:
+    """One engine alone through `requests` (`run_interleaved` with nothing beside it)."""
+    return run_interleaved([(engine, requests)], label)[0]
 
 
 def rounds(n: int) -> list[str]:
