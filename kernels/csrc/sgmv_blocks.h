@@ -49,6 +49,23 @@ inline vf load_vf(const T* p) {
   }
 }
 
+// p[0..VL) = the 16 floats of v rounded to T (to nearest even; for bf16 on the bits, as `from_float`).
+template <typename T>
+inline void store_vf(T* p, vf v) {
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    using vu = uint32_t __attribute__((vector_size(VL * sizeof(uint32_t))));
+    using vh = uint16_t __attribute__((vector_size(VL * sizeof(uint16_t))));
+    vu w;
+    std::memcpy(&w, &v, sizeof(w));
+    const vh h = __builtin_convertvector((w + 0x7FFFu + ((w >> 16) & 1u)) >> 16, vh);
+    std::memcpy(p, &h, sizeof(h));
+  } else {
+    float f[VL];
+    std::memcpy(f, &v, sizeof(f));
+    for (int64_t l = 0; l < VL; ++l) p[l] = from_float<T>(f[l]);
+  }
+}
+
 // One vector of 16 sums from 16 vectors: out[k] = sum over lanes of acc[k]. Each level adds the halves of
 // pairs, so every input is reduced by the same tree.
 inline vf reduce16(const vf* acc) {
@@ -149,10 +166,7 @@ void expand_axpy(T* y, int64_t ldy, const float* vs, int64_t rows, int64_t r, co
         const vf sum = load_vf(out) + acc[u];
         std::memcpy(out, &sum, sizeof(sum));
       } else {
-        float a[VL];
-        std::memcpy(a, &acc[u], sizeof(a));
-#pragma omp simd
-        for (int64_t l = 0; l < VL; ++l) out[l] = from_float<T>(static_cast<float>(out[l]) + a[l]);
+        store_vf(out, load_vf(out) + acc[u]);
       }
     }
   };

@@ -38,6 +38,11 @@ struct Module {
   int64_t b_slot, b_out, b_rank, outs, offset;
 };
 
+struct Scratch {
+  std::vector<float> xs, vs;
+  std::vector<std::vector<float>> b;
+};
+
 template <typename T>
 void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, const int64_t* ranks,
            const float* scales, int64_t slots, const std::vector<Chunk>& work) {
@@ -50,9 +55,15 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(work.size()));
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     constexpr bool wide = std::is_same_v<T, float>;
-    std::vector<float> xs(wide ? 0 : CHUNK * in), vs(CHUNK * max_rank);
+    // Scratch kept by each pool thread across calls: allocating it per call cost page faults every call
+    // (glibc hands large freed blocks back to the kernel).
+    thread_local Scratch scratch;
+    std::vector<float>& xs = scratch.xs;
+    std::vector<float>& vs = scratch.vs;
+    xs.resize(wide ? 0 : CHUNK * in), vs.resize(CHUNK * max_rank);
     // 16-bit B in the axpy layout: each module's slot [R, O] converted to fp32 once per run of its chunks.
-    std::vector<std::vector<float>> bf(wide ? 0 : n);
+    std::vector<std::vector<float>>& bf = scratch.b;
+    if (!wide && static_cast<int64_t>(bf.size()) < n) bf.resize(n);
     std::vector<int64_t> converted(n, -1);
     for (int64_t i = next++; i < static_cast<int64_t>(work.size()); i = next++) {
       const Chunk& k = work[i];
