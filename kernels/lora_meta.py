@@ -81,7 +81,9 @@ class LoRAProjection:
     a: [L, S, R, in] stacked A weights; b: [L, S, out, R] stacked B weights (any strides);
     scale: [S] float32 and ranks: [S] int64 per-slot tables (rank 0: the slot does not adapt it);
     y_offset: the first column of the fused output it adds into;
-    meta: the step's segments with this projection's slot tables on the host (`for_module`).
+    meta: the step's segments with this projection's slot tables on the host (`for_module`);
+    b_pairs: optional, the same B in rank pairs `[L, S, out / 16, ceil(R / 2), 32]`
+        (`kernels.sgmv_native.rank_pairs`), which the native CPU kernel's bf16 AMX path reads.
     """
 
     a: torch.Tensor
@@ -90,6 +92,7 @@ class LoRAProjection:
     ranks: torch.Tensor
     y_offset: int
     meta: LoRABatchMeta
+    b_pairs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -126,11 +129,14 @@ class LoRAGroup:
         return torch.tensor(rows, dtype=torch.int64, device=self.projections[0].a.device)
 
     @cached_property
-    def native_args(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
-        """The native CPU kernel's per-projection arguments (A stacks, B stacks, output offsets), listed
-        once per step instead of in each of its layers' calls."""
+    def native_args(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[int]]:
+        """The native CPU kernel's per-projection arguments (A stacks, B stacks, B stacks in rank pairs or
+        none unless every projection has them, output offsets), listed once per step instead of in each
+        of its layers' calls."""
+        pairs = [p.b_pairs for p in self.projections]
         return (
             [p.a for p in self.projections],
             [p.b for p in self.projections],
+            [t for t in pairs if t is not None] if all(t is not None for t in pairs) else [],
             [p.y_offset for p in self.projections],
         )

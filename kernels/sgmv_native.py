@@ -68,9 +68,40 @@ def sgmv_expand_native(
 
 def sgmv_group_native(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int) -> None:
     target = _rows(y)
-    a, b, offsets = group.native_args
+    a, b, pairs, offsets = group.native_args
     torch.ops.loragate_cpu.sgmv_group(
-        target, _rows(x), a, b, group.rank_table, group.scale_table, offsets, group.meta.segment_table, layer
+        target,
+        _rows(x),
+        a,
+        b,
+        pairs,
+        group.rank_table,
+        group.scale_table,
+        offsets,
+        group.meta.segment_table,
+        layer,
     )
     if target is not y:
         y.copy_(target)
+
+
+def amx_ready() -> bool:
+    """Whether the native bf16 kernels run on AMX tiles here (built, on Intel Sapphire Rapids or later,
+    allowed by the OS): where they do, a B stack kept in rank pairs (`rank_pairs`) is read instead of B."""
+    from kernels import native
+
+    return native.available() and bool(torch.ops.loragate_cpu.amx_ready())
+
+
+def rank_pairs(b: torch.Tensor) -> torch.Tensor:
+    """B `[..., out, R]` (any strides) in rank pairs per 16 outputs, `[..., out / 16, ceil(R / 2), 32]`
+    contiguous: element `[..., o // 16, p, 2 * (o % 16) + e]` is `b[..., o, 2p + e]` (zero past R). The
+    operand layout of AMX's `tdpbf16ps`: each 64-byte row holds 16 outputs' pairs of consecutive ranks."""
+    *lead, out, rank = b.shape
+    if out % 16:
+        raise ValueError(f"rank_pairs: {out} outputs are not a multiple of 16")
+    if rank % 2:
+        b = torch.nn.functional.pad(b, (0, 1))
+        rank += 1
+    pairs = b.reshape(*lead, out // 16, 16, rank // 2, 2).transpose(-3, -2)
+    return pairs.reshape(*lead, out // 16, rank // 2, 32).contiguous()

@@ -19,10 +19,24 @@ from pathlib import Path
 import torch
 
 from kernels.backend import use_native
+from kernels.sgmv_native import amx_ready, rank_pairs
 from loragate.contracts import AdapterTier
 from worker.config import ModelConfig
 from worker.device import is_cuda
 from worker.lora import AdapterError, LoRAWeights, load_adapter
+
+
+def _b_pairs(
+    layers: int, slots: int, fan_in: int, fan_out: int, rank: int, dtype: torch.dtype, device: str
+) -> torch.Tensor | None:
+    """Zeros `[L, S, out / 16, ceil(R / 2), 32]` for B in rank pairs (`kernels.sgmv_native.rank_pairs`)
+    where the native CPU kernels run bf16 on AMX and this module's shapes let them; None elsewhere. Kept
+    beside B (as much memory again as B) so that no step repacks an adapter's B."""
+    if not (dtype == torch.bfloat16 and use_native(torch.empty(0, device=device)) and amx_ready()):
+        return None
+    if fan_in % 32 or fan_out % 16:
+        return None
+    return torch.zeros(layers, slots, fan_out // 16, (rank + 1) // 2, 32, dtype=dtype, device=device)
 
 
 def _b_stack(
@@ -43,6 +57,7 @@ class LoRAStack:
     b: torch.Tensor  # [L, S, out, R] (on a CPU, a transposed view of [L, S, R, out]: see `_b_stack`)
     ranks: torch.Tensor  # [S] int64, 0 = slot empty or module not adapted
     scale: torch.Tensor  # [S] float32
+    b_pairs: torch.Tensor | None = None  # B in rank pairs, where the native bf16 kernel runs on AMX
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,7 @@ class AdapterCache:
                 b=_b_stack(cfg.num_layers, num_slots, fan_out, max_rank, dtype, device),
                 ranks=torch.zeros(num_slots, dtype=torch.int64, device=device),
                 scale=torch.zeros(num_slots, dtype=torch.float32, device=device),
+                b_pairs=_b_pairs(cfg.num_layers, num_slots, fan_in, fan_out, max_rank, dtype, device),
             )
             for module, (fan_in, fan_out) in cfg.module_shapes().items()
         }
@@ -175,6 +191,8 @@ class AdapterCache:
         for module, stack in self.stacks.items():
             stack.a[:, slot].zero_()
             stack.b[:, slot].zero_()
+            if stack.b_pairs is not None:
+                stack.b_pairs[:, slot].zero_()
             lora = weights.modules.get(module)
             r = lora.rank if lora is not None else 0
             self.host_ranks[module][slot] = r
@@ -183,6 +201,8 @@ class AdapterCache:
                 continue
             stack.a[:, slot, :r].copy_(lora.a, non_blocking=True)
             stack.b[:, slot, :, :r].copy_(lora.b, non_blocking=True)
+            if stack.b_pairs is not None:
+                stack.b_pairs[:, slot] = rank_pairs(stack.b[:, slot])
             stack.scale[slot] = lora.scale
             self.host_scale[module][slot] = lora.scale
 

@@ -152,7 +152,7 @@ class ModelRunner:
         groups = {}
         for name, slices in self.lora_slices.items():
             projections = tuple(
-                LoRAProjection(s.a, s.b, s.scale, s.ranks, offset, metas[module])
+                LoRAProjection(s.a, s.b, s.scale, s.ranks, offset, metas[module], s.b_pairs)
                 for module, offset in slices.items()
                 if module in metas
                 for s in (stacks[module],)

@@ -9,15 +9,19 @@
 // storage dtype in between), without v ever leaving the thread: one dispatch per group instead of three
 // per module, the chunk's 16-bit inputs converted once for all modules. A chunk's tiles of 4 tokens share
 // each block of weights while it is in L1 (`sgmv_blocks.h`), and threads take chunks as they finish
-// (segments differ in length).
+// (segments differ in length). In bf16 on a CPU with AMX, a module whose B also comes in rank pairs
+// (`pairs`, kept by the adapter cache) runs on AMX tiles instead (`sgmv_amx.h`): the same sums, summed in
+// the tiles' order.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "sgmv_amx.h"
 #include "sgmv_common.h"
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -36,11 +40,15 @@ struct Module {
   int64_t a_slot, a_row;
   const void* b;  // this layer's [S, O, R] through its strides
   int64_t b_slot, b_out, b_rank, outs, offset;
+  const void* pairs;  // this layer's B in rank pairs [S, O / 16, R / 2, 32] (`sgmv_amx.h`), or null
+  int64_t pair_slot, pair_stride;
 };
 
 struct Scratch {
   std::vector<float> xs, vs;
   std::vector<std::vector<float>> b;
+  std::vector<uint32_t> xt;  // AMX: x's chunk in pairs
+  std::vector<uint16_t> vh;  // AMX: v's bf16 bits
 };
 
 template <typename T>
@@ -53,6 +61,9 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
   T* yp = y.data_ptr<T>();
   std::atomic<int64_t> next{0};
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(work.size()));
+  // bf16 on AMX (`sgmv_amx.h`) for the modules whose B comes in rank pairs and whose shapes fit; the AVX
+  // blocks for the rest.
+  const bool amx = std::is_same_v<T, at::BFloat16> && in % 32 == 0 && loragate_amx::ready();
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     constexpr bool wide = std::is_same_v<T, float>;
     // Scratch kept by each pool thread across calls: allocating it per call cost page faults every call
@@ -65,21 +76,50 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
     std::vector<std::vector<float>>& bf = scratch.b;
     if (!wide && static_cast<int64_t>(bf.size()) < n) bf.resize(n);
     std::vector<int64_t> converted(n, -1);
+#if LORAGATE_AMX
+    std::optional<loragate_amx::Tiles> tiles;
+    if (amx) {
+      tiles.emplace();
+      scratch.xt.resize(in / 32 * 256), scratch.vh.resize(CHUNK * loragate_amx::v_row(max_rank));
+    }
+#endif
     for (int64_t i = next++; i < static_cast<int64_t>(work.size()); i = next++) {
       const Chunk& k = work[i];
       const T* xt = xp + k.token * ldx;
-      if constexpr (!wide) {
-        for (int64_t u = 0; u < k.rows; ++u) to_float(xs.data() + u * in, xt + u * ldx, in);
-      }
+      bool have_xs = wide, have_pairs = false;  // x's chunk in fp32 / packed in pairs, made when first needed
       const int64_t padded = (k.rows + TILE - 1) / TILE * TILE;
       for (int64_t m = 0; m < n; ++m) {
         const int64_t r = ranks[m * slots + k.slot];
         if (r == 0) continue;
         const Module& md = mods[m];
         const float scale = scales[m * slots + k.slot];
+#if LORAGATE_AMX
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          if (amx && md.pairs != nullptr && loragate_amx::fits(in, md.outs, r)) {
+            if (!have_pairs) loragate_amx::pack_x(scratch.xt.data(), xt, ldx, k.rows, in), have_pairs = true;
+            const int64_t ldv = loragate_amx::v_row(r);
+            uint16_t* vh = scratch.vh.data();
+            const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
+            loragate_amx::shrink(*tiles, scratch.xt.data(), k.rows, a, md.a_row, r, in,
+                                 [&](int64_t u, int64_t j, float s) { vh[u * ldv + j] = from_float<T>(scale * s).x; });
+            if (ldv > r)
+              for (int64_t u = 0; u < k.rows; ++u) vh[u * ldv + r] = 0;
+            const T* bp = static_cast<const T*>(md.pairs) + k.slot * md.pair_slot;
+            loragate_amx::expand(*tiles, yp + k.token * ldy + md.offset, ldy, vh, ldv, k.rows, bp, md.pair_stride, r,
+                                 md.outs);
+            continue;
+          }
+        }
+#endif
+        if (!have_xs) {
+          for (int64_t u = 0; u < k.rows; ++u) to_float(xs.data() + u * in, xt + u * ldx, in);
+          have_xs = true;
+        }
         std::fill(vs.begin(), vs.begin() + padded * r, 0.f);  // a short tile's missing rows add zeros
         const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
-        auto keep = [&](int64_t u, int64_t j, float s) { vs[u * r + j] = static_cast<float>(from_float<T>(scale * s)); };
+        auto keep = [&](int64_t u, int64_t j, float s) {
+          vs[u * r + j] = static_cast<float>(from_float<T>(scale * s));
+        };
         if constexpr (wide) {
           shrink_rows(a, md.a_row, r, xt, ldx, k.rows, in, keep);
         } else {
@@ -105,7 +145,8 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
   });
 }
 
-void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorList b, const at::Tensor& ranks,
+void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorList b, at::TensorList pairs,
+                const at::Tensor& ranks,
                 const at::Tensor& scales, at::IntArrayRef offsets, const at::Tensor& segments, int64_t layer) {
   const int64_t n = static_cast<int64_t>(a.size());
   TORCH_CHECK(y.dim() == 2 && x.dim() == 2 && y.stride(1) == 1 && x.stride(1) == 1,
@@ -113,6 +154,7 @@ void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorL
   TORCH_CHECK(y.scalar_type() == x.scalar_type(), "sgmv_group: y and x must share a dtype");
   TORCH_CHECK(static_cast<int64_t>(b.size()) == n && static_cast<int64_t>(offsets.size()) == n,
               "sgmv_group: one b and one offset per a");
+  TORCH_CHECK(pairs.empty() || static_cast<int64_t>(pairs.size()) == n, "sgmv_group: one B in pairs per a, or none");
   TORCH_CHECK(ranks.scalar_type() == at::kLong && ranks.is_contiguous() && ranks.dim() == 2 && ranks.size(0) == n,
               "sgmv_group: ranks must be contiguous int64 [M, S]");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.sizes() == ranks.sizes(),
@@ -139,7 +181,16 @@ void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorL
     const int64_t esize = static_cast<int64_t>(x.element_size());
     mods.push_back({static_cast<const char*>(am.data_ptr()) + layer * am.stride(0) * esize, am.stride(1),
                     am.stride(2), static_cast<const char*>(bm.data_ptr()) + layer * bm.stride(0) * esize,
-                    bm.stride(1), bm.stride(2), bm.stride(3), bm.size(2), offsets[m]});
+                    bm.stride(1), bm.stride(2), bm.stride(3), bm.size(2), offsets[m], nullptr, 0, 0});
+    if (!pairs.empty()) {
+      const at::Tensor& pm = pairs[m];
+      TORCH_CHECK(pm.dim() == 5 && pm.is_contiguous() && pm.scalar_type() == x.scalar_type() &&
+                      pm.size(0) == am.size(0) && pm.size(1) == slots && pm.size(2) * 16 == bm.size(2) &&
+                      pm.size(3) * 2 >= am.size(2) && pm.size(4) == 32,
+                  "sgmv_group: pairs must be B in rank pairs, contiguous [L, S, O / 16, ceil(R / 2), 32]");
+      mods.back().pairs = static_cast<const char*>(pm.data_ptr()) + layer * pm.stride(0) * esize;
+      mods.back().pair_slot = pm.stride(1), mods.back().pair_stride = pm.size(3);
+    }
   }
   std::vector<Chunk> work;
   const int64_t* seg = segments.data_ptr<int64_t>();
@@ -164,7 +215,9 @@ void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorL
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
-  m.def("sgmv_group(Tensor(a!) y, Tensor x, Tensor[] a, Tensor[] b, Tensor ranks, Tensor scales, int[] offsets, "
-        "Tensor segments, int layer) -> ()");
+  m.def("sgmv_group(Tensor(a!) y, Tensor x, Tensor[] a, Tensor[] b, Tensor[] pairs, Tensor ranks, Tensor scales, "
+        "int[] offsets, Tensor segments, int layer) -> ()");
   m.impl("sgmv_group", c10::DispatchKey::CPU, &sgmv_group);
+  // Whether the bf16 kernels use AMX here (so B in rank pairs is worth keeping): built for it and allowed.
+  m.def("amx_ready() -> bool", [] { return loragate_amx::ready(); });
 }

@@ -3,7 +3,8 @@ shrink-then-expand per projection, on the torch loop and the native fused kernel
 
 Weights past each slot's rank are NaN, so a kernel that reads them fails; output columns outside the
 projections' slices, rows without an adapter and rows of slots that do not adapt a projection must come
-back bit-exact.
+back bit-exact. Where the CPU has AMX, the native kernel's bf16 path reads B in rank pairs
+(`rank_pairs`, kept by the adapter cache beside B): tested against the same reference.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels import LoRAGroup, sgmv_expand, sgmv_group, sgmv_shrink
+from kernels import LoRABatchMeta, LoRAGroup, sgmv_expand, sgmv_group, sgmv_shrink
 from kernels.backend import BACKEND_ENV
+from kernels.sgmv_native import amx_ready, rank_pairs
 from tests.kernels.group_testing import LAYER, group_case, reference, untouched
 from tests.kernels.kernel_testing import POPULARITIES, TOLERANCE, rel_err
 
@@ -61,3 +63,68 @@ def test_native_group_refuses_a_projection_outside_y(monkeypatch: pytest.MonkeyP
         sgmv_group(y0.clone(), x, bad, layer=LAYER)
     with pytest.raises(RuntimeError, match="layer out of range"):
         sgmv_group(y0.clone(), x, group, layer=2)
+
+
+def test_rank_pairs_puts_two_consecutive_ranks_of_16_outputs_in_each_row() -> None:
+    b = torch.randn(2, 3, 48, 5)  # [L, S, out, R], an odd rank
+    pairs = rank_pairs(b.transpose(2, 3).contiguous().transpose(2, 3))  # any strides
+    assert pairs.shape == (2, 3, 3, 3, 32) and pairs.is_contiguous()
+    o, p, e = torch.meshgrid(torch.arange(48), torch.arange(3), torch.arange(2), indexing="ij")
+    rank = 2 * p + e
+    want = torch.where(rank < 5, b[:, :, o, rank.clamp(max=4)], 0.0)
+    assert torch.equal(pairs[:, :, o // 16, p, 2 * (o % 16) + e], want)
+
+
+def _with_pairs(group: LoRAGroup, factor: float = 1.0) -> LoRAGroup:
+    projections = (replace(p, b_pairs=rank_pairs(p.b * factor)) for p in group.projections)
+    return LoRAGroup(tuple(projections), group.meta)
+
+
+@pytest.mark.skipif(not amx_ready(), reason="this CPU has no AMX (the bf16 path that reads rank pairs)")
+@pytest.mark.parametrize("popularity", POPULARITIES)
+def test_native_bf16_group_on_amx_reads_b_in_rank_pairs(
+    popularity: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    for seed in range(3):
+        # AMX takes rows of a multiple of 32 values: hidden 96; the ranks (<= 16) and widths (16, 48) fit.
+        slots, x, y0, group = group_case(popularity, torch.bfloat16, seed, transposed_b=True, hidden=96)
+        y = y0.clone()
+        sgmv_group(y, x, _with_pairs(group), layer=LAYER)
+        assert rel_err(y, reference(slots, x, y0, group)) < TOLERANCE[torch.bfloat16]
+        keep = untouched(slots, y0, group)
+        assert torch.equal(y[keep], y0[keep])
+        # The pairs are what the expand reads: pairs of 2 * B give the reference of 2 * B.
+        doubled = LoRAGroup(tuple(replace(p, b=p.b * 2) for p in group.projections), group.meta)
+        y = y0.clone()
+        sgmv_group(y, x, _with_pairs(group, 2.0), layer=LAYER)
+        assert rel_err(y, reference(slots, x, y0, doubled)) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.skipif(not amx_ready(), reason="this CPU has no AMX")
+def test_native_bf16_group_on_amx_gives_a_token_the_same_result_in_any_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each token's sums run in one order whatever the chunk around it: a segment's tokens one at a time
+    give its batched result bit for bit."""
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    slots, x, y0, group = group_case("zipf", torch.bfloat16, 7, transposed_b=True, hidden=96)
+    group = _with_pairs(group)
+    batched = y0.clone()
+    sgmv_group(batched, x, group, layer=LAYER)
+    for t, slot in enumerate(slots):
+        one = LoRABatchMeta.from_token_slots([slot])
+        single = LoRAGroup(tuple(replace(p, meta=one) for p in group.projections), one)
+        y = y0[t : t + 1].clone()
+        sgmv_group(y, x[t : t + 1], single, layer=LAYER)
+        assert torch.equal(y, batched[t : t + 1])
+
+
+def test_native_group_refuses_pairs_of_the_wrong_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    _, x, y0, group = group_case("uniform", torch.bfloat16, 2, transposed_b=True, hidden=96)
+    first, *rest = _with_pairs(group).projections
+    assert first.b_pairs is not None
+    bad = replace(first, b_pairs=first.b_pairs[:, :, :-1].contiguous())
+    with pytest.raises(RuntimeError, match="rank pairs"):
+        sgmv_group(y0.clone(), x, LoRAGroup((bad, *rest), group.meta), layer=LAYER)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.sgmv_native import amx_ready, rank_pairs
 from worker.adapter_cache import AdapterCache
 from worker.models import load_model_config
 from worker.modelzoo.make import ZooPaths
@@ -66,3 +67,27 @@ def test_host_tier_is_bounded_in_bytes_and_reloads_from_disk(zoo: ZooPaths) -> N
     assert cache.tier(names[0]) == "disk" and cache.host_evictions == 1
     cache.ensure_host(names[0])
     assert cache.disk_reads == 3
+
+
+@pytest.mark.skipif(not amx_ready(), reason="this CPU has no AMX: no B in rank pairs is kept")
+def test_bf16_slots_keep_b_in_rank_pairs_beside_b_on_amx(zoo: ZooPaths) -> None:
+    """What the native bf16 kernel reads on AMX follows every slot write, and is zero in an emptied slot."""
+    cfg = load_model_config(zoo.base("tiny"))
+    cache = AdapterCache(cfg, 2, 64, 1 << 30, torch.bfloat16, "cpu")
+    names = zoo.adapter_names("tiny")
+    for name in names:
+        cache.register(name, zoo.adapter("tiny", name))
+    shapes = cfg.module_shapes()
+    fits = {m for m, (fan_in, fan_out) in shapes.items() if fan_in % 32 == 0 and fan_out % 16 == 0}
+    assert fits and fits != set(shapes)  # tiny's down_proj reads 688 values a row: AVX only
+    assert {m for m, stack in cache.stacks.items() if stack.b_pairs is not None} == fits
+    for wanted in (names[:2], names[2:4]):  # the second pair evicts the first from both slots
+        cache.apply(cache.plan(wanted))
+        for module in fits:
+            stack = cache.stacks[module]
+            assert stack.b_pairs is not None and torch.equal(stack.b_pairs, rank_pairs(stack.b))
+    assert any(int(stack.ranks.min()) == 0 for stack in cache.stacks.values())  # some module unadapted
+
+
+def test_fp32_slots_keep_no_rank_pairs(zoo: ZooPaths) -> None:
+    assert all(stack.b_pairs is None for stack in make_cache(zoo).stacks.values())
