@@ -50,6 +50,8 @@ inline bool ready() {
 #endif
 }
 
+constexpr int64_t AHEAD = 4 * 32;  // how far ahead along A's rows the shrink prefetches, in values
+
 inline bool fits(int64_t in, int64_t outs, int64_t r) {
   return in % 32 == 0 && outs % 16 == 0 && r > 0 && (r <= 16 || r % 32 == 0);
 }
@@ -132,6 +134,9 @@ inline void shrink(Tiles& tiles, const uint32_t* xt, int64_t m, const bf16* a, i
   for (int64_t j0 = 0; j0 < r; j0 += rb) {
     _tile_zero(0);
     for (int64_t d = 0; d < in; d += 32) {
+      if (d + AHEAD < in) {  // A comes from memory in rb short strided runs: fetch each row's lines ahead
+        for (int64_t j = 0; j < rb; ++j) __builtin_prefetch(a + (j0 + j) * a_row + d + AHEAD, 0, 3);
+      }
       _tile_loadd(1, a + j0 * a_row + d, a_row * sizeof(bf16));
       _tile_loadd(2, xt + d / 32 * 256, 64);
       _tile_dpbf16ps(0, 1, 2);
