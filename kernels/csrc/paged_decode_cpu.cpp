@@ -13,9 +13,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "convert.h"
+#include "sgmv_blocks.h"
 #include "vecmath.h"
 
 namespace {
@@ -39,6 +41,47 @@ inline const float* as_float<float>(const float* src, float*, int64_t) {
 // One task per sequence: a token's keys (all KV heads, `KVH * D` contiguous values) are read in one
 // sweep along each block, so the cache streams block by block (`BS * KVH * D` contiguous values).
 // `DIM` is the head size when it is a compile-time constant (the common ones), else 0 and `dim` is used.
+// 16-bit caches, head size a multiple of 16: each block's run of keys (or values) converted to fp32 once
+// (`buf`, [count][token]), then per query head 16 keys' dots at once, reduced by one shuffle tree
+// (`reduce16`), and the weighted sum of a run's values kept in registers (DIM / 16 vectors). fp32 caches
+// keep the loops below, whose sums greedy parity with transformers was checked on.
+template <int DIM>
+inline void score_run(float* scores, float* maxes, const float* qf, const float* buf, int64_t count,
+                      int64_t token, int64_t heads, int64_t group, int64_t n) {
+  using loragate_sgmv::vf;
+  for (int64_t hq = 0; hq < heads; ++hq) {
+    const float* kh = buf + (hq / group) * DIM;
+    vf qv[DIM / 16];
+    for (int c = 0; c < DIM / 16; ++c) qv[c] = loragate_sgmv::load_vf(qf + hq * DIM + 16 * c);
+    vf acc[16] = {};
+    for (int64_t j = 0; j < count; ++j)
+      for (int c = 0; c < DIM / 16; ++c) acc[j] += qv[c] * loragate_sgmv::load_vf(kh + j * token + 16 * c);
+    const vf sums = loragate_sgmv::reduce16(acc);
+    float s[16];
+    std::memcpy(s, &sums, sizeof(s));
+    for (int64_t j = 0; j < count; ++j) {
+      scores[hq * n + j] = s[j];
+      maxes[hq] = std::max(maxes[hq], s[j]);
+    }
+  }
+}
+
+template <int DIM>
+inline void weigh_run(float* acc, const float* weights, const float* buf, int64_t count, int64_t token,
+                      int64_t heads, int64_t group, int64_t n) {
+  using loragate_sgmv::vf;
+  for (int64_t hq = 0; hq < heads; ++hq) {
+    const float* vh = buf + (hq / group) * DIM;
+    vf a[DIM / 16];
+    for (int c = 0; c < DIM / 16; ++c) a[c] = loragate_sgmv::load_vf(acc + hq * DIM + 16 * c);
+    for (int64_t j = 0; j < count; ++j) {
+      const float w = weights[hq * n + j];
+      for (int c = 0; c < DIM / 16; ++c) a[c] += w * loragate_sgmv::load_vf(vh + j * token + 16 * c);
+    }
+    std::memcpy(acc + hq * DIM, a, sizeof(a));
+  }
+}
+
 template <typename T, int DIM>
 void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
@@ -56,8 +99,10 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
   const int64_t token = kv_heads * dim;  // values per cached token
   const float fscale = static_cast<float>(scale);
 
+  constexpr bool blocked = !std::is_same_v<T, float> && DIM > 0 && DIM % 16 == 0;
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(heads * dim), acc(heads * dim), row(token), scores, maxes(heads), sums(heads);
+    std::vector<float> buf(blocked ? block_size * token : 0);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t ctx = lens[b];
       const int64_t lo = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
@@ -69,8 +114,15 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       std::fill(maxes.begin(), maxes.end(), -std::numeric_limits<float>::infinity());
       // Pass 1: scores, block by block (no division per token).
       for (int64_t p = lo; p < ctx;) {
-        const int64_t off = p % block_size, count = std::min(block_size - off, ctx - p);
+        const int64_t off = p % block_size, count = std::min({block_size - off, ctx - p, blocked ? 16 : block_size});
         const T* key = kp + (table[p / block_size] * block_size + off) * token;
+        if constexpr (blocked) {  // count <= 16 keys, contiguous in their block
+          loragate::to_float(buf.data(), key, count * token);
+          score_run<DIM>(scores.data() + (p - lo), maxes.data(), qf.data(), buf.data(), count, token, heads, group,
+                         n);
+          p += count;
+          continue;
+        }
         for (int64_t j = 0; j < count; ++j, key += token) {
           const float* kr = as_float(key, row.data(), token);
           const int64_t i = p - lo + j;
@@ -99,8 +151,14 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       // Pass 2: the weighted sum of values.
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t p = lo; p < ctx;) {
-        const int64_t off = p % block_size, count = std::min(block_size - off, ctx - p);
+        const int64_t off = p % block_size, count = std::min({block_size - off, ctx - p, blocked ? 16 : block_size});
         const T* value = vp + (table[p / block_size] * block_size + off) * token;
+        if constexpr (blocked) {
+          loragate::to_float(buf.data(), value, count * token);
+          weigh_run<DIM>(acc.data(), scores.data() + (p - lo), buf.data(), count, token, heads, group, n);
+          p += count;
+          continue;
+        }
         for (int64_t j = 0; j < count; ++j, value += token) {
           const float* vr = as_float(value, row.data(), token);
           const int64_t i = p - lo + j;
