@@ -38,13 +38,11 @@ inline const float* as_float<float>(const float* src, float*, int64_t) {
   return src;
 }
 
-// One task per sequence: a token's keys (all KV heads, `KVH * D` contiguous values) are read in one
-// sweep along each block, so the cache streams block by block (`BS * KVH * D` contiguous values).
-// `DIM` is the head size when it is a compile-time constant (the common ones), else 0 and `dim` is used.
-// 16-bit caches, head size a multiple of 16: each block's run of keys (or values) converted to fp32 once
-// (`buf`, [count][token]), then per query head 16 keys' dots at once, reduced by one shuffle tree
-// (`reduce16`), and the weighted sum of a run's values kept in registers (DIM / 16 vectors). fp32 caches
-// keep the loops below, whose sums greedy parity with transformers was checked on.
+// 16-bit caches, head size a multiple of 16 (`decode`'s `blocked`): each run of up to 16 keys (or values)
+// of a block converted to fp32 once (`buf`, [count][token]), then per query head the run's 16 dots at
+// once, reduced by one shuffle tree (`reduce16`), and a run's weighted values summed in registers (DIM / 16
+// vectors). fp32 caches keep `decode`'s own loops, on whose sums greedy parity with transformers was
+// checked.
 template <int DIM>
 inline void score_run(float* scores, float* maxes, const float* qf, const float* buf, int64_t count,
                       int64_t token, int64_t heads, int64_t group, int64_t n) {
@@ -82,6 +80,9 @@ inline void weigh_run(float* acc, const float* weights, const float* buf, int64_
   }
 }
 
+// One task per sequence: a token's keys (all KV heads, `KVH * D` contiguous values) are read in one
+// sweep along each block, so the cache streams block by block (`BS * KVH * D` contiguous values).
+// `DIM` is the head size when it is a compile-time constant (the common ones), else 0 and `dim` is used.
 template <typename T, int DIM>
 void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
