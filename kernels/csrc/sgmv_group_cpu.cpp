@@ -61,8 +61,8 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
   T* yp = y.data_ptr<T>();
   std::atomic<int64_t> next{0};
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(work.size()));
-  // bf16 on AMX (`sgmv_amx.h`) for the modules whose B comes in rank pairs and whose shapes fit; the AVX
-  // blocks for the rest.
+  // bf16 on AMX (`sgmv_amx.h`) for the modules whose B comes in rank pairs and whose shapes fit
+  // (`loragate_amx::fits`; the adapter cache keeps pairs only for such shapes); the AVX blocks for the rest.
   const bool amx = std::is_same_v<T, at::BFloat16> && in % 32 == 0 && loragate_amx::ready();
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     constexpr bool wide = std::is_same_v<T, float>;
@@ -86,7 +86,7 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
     for (int64_t i = next++; i < static_cast<int64_t>(work.size()); i = next++) {
       const Chunk& k = work[i];
       const T* xt = xp + k.token * ldx;
-      bool have_xs = wide, have_pairs = false;  // x's chunk in fp32 / packed in pairs, made when first needed
+      bool have_xs = wide, x_paired = false;  // x's chunk in fp32 / packed in pairs, made when first needed
       const int64_t padded = (k.rows + TILE - 1) / TILE * TILE;
       for (int64_t m = 0; m < n; ++m) {
         const int64_t r = ranks[m * slots + k.slot];
@@ -96,7 +96,7 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
 #if LORAGATE_AMX
         if constexpr (std::is_same_v<T, at::BFloat16>) {
           if (amx && md.pairs != nullptr && loragate_amx::fits(in, md.outs, r)) {
-            if (!have_pairs) loragate_amx::pack_x(scratch.xt.data(), xt, ldx, k.rows, in), have_pairs = true;
+            if (!x_paired) loragate_amx::pack_x(scratch.xt.data(), xt, ldx, k.rows, in), x_paired = true;
             const int64_t ldv = loragate_amx::v_row(r);
             uint16_t* vh = scratch.vh.data();
             const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
