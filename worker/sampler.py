@@ -20,6 +20,7 @@ import hashlib
 
 import torch
 
+from kernels.glue import argmax_rows
 from loragate.types import SamplingParams
 from worker.device import host_to_device
 
@@ -73,19 +74,20 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> torch.Tensor:
         """`sample` without reading the result: `[N]` int64 token ids on the logits' device."""
-        logits = logits.float()
-        tokens = logits.argmax(dim=-1)
+        # Greedy rows read the logits as they are: an argmax of 16-bit values is the argmax of their exact
+        # fp32 widening, so only the sampled rows are copied to fp32.
+        tokens = argmax_rows(logits)
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             device = str(logits.device)
             index = host_to_device(rows, torch.int64, device)
             temperatures = host_to_device([params[i].temperature for i in rows], torch.float32, device)
-            sub = logits.index_select(0, index) / temperatures[:, None]
+            sub = logits.index_select(0, index).float() / temperatures[:, None]
             sub = _filter_min_p(sub, [params[i].min_p for i in rows])
             sub = _filter_top_k_top_p(sub, [params[i].top_k for i in rows], [params[i].top_p for i in rows])
             probs = sub.softmax(dim=-1)
             noise = torch.empty_like(probs)
             for j, i in enumerate(rows):  # one generator per request: queues a kernel, never waits
                 noise[j].exponential_(generator=generators[i])
-            tokens.index_copy_(0, index, (probs / noise).argmax(dim=-1))
+            tokens.index_copy_(0, index, argmax_rows(probs / noise))
         return tokens

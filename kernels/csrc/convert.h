@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -47,13 +48,14 @@ inline void to_float(float* dst, const T* src, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
-// bf16 -> fp32 is a shift of the bits: spelled out so that it vectorizes.
+// bf16 -> fp32 is a shift of the bits: spelled out so that it vectorizes. The floats are written as floats
+// (bit_cast), never through a uint32_t pointer: a caller that reads them back inlined would otherwise be free
+// to read them before the writes (strict aliasing) — it did, in argmax_rows.
 template <>
 inline void to_float<at::BFloat16>(float* dst, const at::BFloat16* src, int64_t n) {
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+  for (int64_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<uint32_t>(bits[i]) << 16);
 }
 
 }  // namespace loragate

@@ -1,6 +1,6 @@
 // The small per-layer ops of the CPU forward, fused: each is one pass over the step's rows instead of the
-// 5-8 torch ops (and their temporaries) it replaces. Rows are split over torch's thread pool. Each
-// matches the Hugging Face Llama computation in its rounding points: RMSNorm in fp32, the normalized
+// 5-8 torch ops (and their temporaries) it replaces; and the greedy pick of a step's tokens (argmax_rows).
+// Rows are split over torch's thread pool. Each matches the Hugging Face Llama computation in its rounding points: RMSNorm in fp32, the normalized
 // row rounded to the storage dtype before the weight multiplies it; rotate-half RoPE with the fp32
 // tables rounded to the storage dtype; SiLU rounded before it multiplies `up`. SiLU's exp is the one torch's
 // own CPU kernel calls (SLEEF's 1-ULP vector exp, exported by libtorch) where this CPU has the vector
@@ -12,7 +12,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -155,13 +157,68 @@ void silu_mul(at::Tensor out, const at::Tensor& gate_up) {
   });
 }
 
+// out[t] = the index of row t's largest value, the first one on ties, the first NaN where a row has one:
+// torch.argmax's answer, in one pass a row. A row is read in chunks widened to fp32 (exact for bf16/fp16);
+// a chunk's max and whether it holds a NaN come from one vectorized sweep, and only a chunk that beats the
+// best so far (strictly: an equal max later is not the first) is searched again, in L1, for where its max is.
+template <typename T>
+void argmax_rows_impl(int64_t* out, const T* logits, int64_t rows, int64_t n, int64_t ld) {
+  constexpr int64_t kChunk = 1024;
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float buf[kChunk];
+    for (int64_t t = begin; t < end; ++t) {
+      const T* row = logits + t * ld;
+      float best = -std::numeric_limits<float>::infinity();
+      int64_t at = 0;
+      for (int64_t c = 0; c < n; c += kChunk) {
+        const int64_t len = std::min(kChunk, n - c);
+        loragate::to_float(buf, row + c, len);
+        float m = -std::numeric_limits<float>::infinity();
+        int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+        for (int64_t i = 0; i < len; ++i) {
+          m = buf[i] > m ? buf[i] : m;
+          nan |= buf[i] != buf[i];
+        }
+        if (nan) {  // torch counts NaN above every number: the row's first NaN is its argmax
+          int64_t i = 0;
+          while (buf[i] == buf[i]) ++i;
+          at = c + i;
+          break;
+        }
+        if (m > best) {
+          int64_t i = 0;
+          while (buf[i] != m) ++i;
+          best = m;
+          at = c + i;
+        }
+      }
+      out[t] = at;
+    }
+  });
+}
+
+void argmax_rows(at::Tensor out, const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1 && logits.size(1) > 0,
+              "argmax_rows: logits [N, V > 0] with unit-stride rows");
+  TORCH_CHECK(out.dim() == 1 && out.size(0) == logits.size(0) && out.scalar_type() == at::kLong &&
+                  out.is_contiguous(),
+              "argmax_rows: out [N] int64");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "argmax_rows", [&] {
+    argmax_rows_impl<scalar_t>(out.data_ptr<int64_t>(), logits.data_ptr<scalar_t>(), logits.size(0),
+                               logits.size(1), logits.stride(0));
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
   m.def("rms_norm(Tensor(a!) out, Tensor(b!) h, Tensor? delta, Tensor weight, float eps) -> ()");
   m.def("rope(Tensor(a!) x, Tensor cos, Tensor sin, Tensor positions, int heads, int dim) -> ()");
   m.def("silu_mul(Tensor(a!) out, Tensor gate_up) -> ()");
+  m.def("argmax_rows(Tensor(a!) out, Tensor logits) -> ()");
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.impl("rope", c10::DispatchKey::CPU, &rope);
   m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
+  m.impl("argmax_rows", c10::DispatchKey::CPU, &argmax_rows);
 }

@@ -10,7 +10,7 @@ import torch
 
 from kernels import add_rms_norm, rope_, silu_mul
 from kernels.backend import BACKEND_ENV
-from kernels.glue import rms_norm_torch, rope_torch
+from kernels.glue import argmax_rows, rms_norm_torch, rope_torch
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Largest difference allowed, in units of the dtype's epsilon times the value's magnitude: fp32 sums in
@@ -98,6 +98,56 @@ def test_silu_mul_is_bit_identical_to_torch_on_its_vector_path(
     assert torch.equal(silu_mul(gate_up), torch.nn.functional.silu(gate) * up)
 
 
+def planted_rows(vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random rows, and rows built to catch a wrong argmax: ties (the first must win, also across the
+    kernel's 1,024-value chunks), NaNs (torch: the first NaN wins, even after a larger number), all -inf,
+    +0 against -0, +inf."""
+    gen = torch.Generator().manual_seed(vocab)
+    rows = torch.randn(12, vocab, generator=gen)
+    last = vocab - 1
+    rows[1, [last // 3, last]] = 50.0  # a tie: the first
+    rows[2, [min(1023, last), min(1024, last)]] = 60.0  # a tie on a chunk boundary
+    rows[3, last // 2] = float("nan")
+    rows[3, last] = 70.0  # a larger number after the NaN
+    rows[4, [last // 4, last]] = float("nan")  # two NaNs: the first
+    rows[5] = float("-inf")
+    rows[6] = -1.0
+    rows[6, last // 5] = -0.0
+    rows[6, last] = 0.0  # equal to -0.0: the first of the two
+    rows[7, last] = float("inf")
+    rows[8, 0] = float("nan")
+    rows[9, last] = float("nan")
+    rows[10, 0] = 80.0
+    return rows.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("vocab", [1, 7, 1023, 1024, 1025, 5000, 49152])
+def test_argmax_rows_picks_what_torch_argmax_picks(
+    dtype: torch.dtype, vocab: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = planted_rows(vocab, dtype)
+    expect = rows.argmax(dim=-1)
+    native(monkeypatch)
+    assert torch.equal(argmax_rows(rows), expect)
+    wide = torch.zeros(12, vocab + 40, dtype=dtype)
+    wide[:, 3 : 3 + vocab] = rows
+    assert torch.equal(argmax_rows(wide[:, 3 : 3 + vocab]), expect)  # rows apart in memory
+    assert torch.equal(argmax_rows(rows[5:9]), expect[5:9])
+    assert argmax_rows(rows[:0]).shape == (0,)
+
+
+def test_argmax_rows_refuses_a_mismatched_output() -> None:
+    from kernels import native
+
+    assert native.available()
+    logits = torch.randn(3, 64)
+    with pytest.raises(RuntimeError, match="argmax_rows"):
+        torch.ops.loragate_cpu.argmax_rows(torch.empty(2, dtype=torch.int64), logits)
+    with pytest.raises(RuntimeError, match="argmax_rows"):
+        torch.ops.loragate_cpu.argmax_rows(torch.empty(3, dtype=torch.int32), logits)
+
+
 def test_the_torch_fallbacks_compute_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(BACKEND_ENV, "torch")
     gen = torch.Generator().manual_seed(4)
@@ -110,3 +160,5 @@ def test_the_torch_fallbacks_compute_the_same(monkeypatch: pytest.MonkeyPatch) -
     assert torch.equal(new_h, h + delta) and torch.equal(x, rms_norm_torch(h + delta, w, 1e-6))
     gate_up = torch.randn(5, 64, generator=gen)
     assert torch.equal(silu_mul(gate_up), torch.nn.functional.silu(gate_up[:, :32]) * gate_up[:, 32:])
+    rows = planted_rows(300, torch.float32)
+    assert torch.equal(argmax_rows(rows), rows.argmax(dim=-1))
