@@ -1,12 +1,12 @@
-// The small per-layer ops of the CPU forward, fused: each is one pass over the step's rows instead of the
-// 5-8 torch ops (and their temporaries) it replaces; and the greedy pick of a step's tokens (argmax_rows).
-// Rows are split over torch's thread pool. Each matches the Hugging Face Llama computation in its rounding points: RMSNorm in fp32, the normalized
-// row rounded to the storage dtype before the weight multiplies it; rotate-half RoPE with the fp32
-// tables rounded to the storage dtype; SiLU rounded before it multiplies `up`. SiLU's exp is the one torch's
-// own CPU kernel calls (SLEEF's 1-ULP vector exp, exported by libtorch) where this CPU has the vector
-// width torch uses (AVX-512 or AVX2), so fp32 SiLU is bit-identical to torch's.
-// Built without floating-point contraction: a fused multiply-add would round differently from torch's
-// separate multiply and add, and the fp32 engine must match transformers token for token.
+// The small per-layer ops of the CPU forward, fused: each is one pass over the step's rows instead of the 5-8
+// torch ops (and their temporaries) it replaces; and the greedy pick of a step's tokens (argmax_rows). Rows are
+// split over torch's thread pool. Each matches the Hugging Face Llama computation in its rounding points:
+// RMSNorm in fp32, the normalized row rounded to the storage dtype before the weight multiplies it; rotate-half
+// RoPE with the fp32 tables rounded to the storage dtype; SiLU rounded before it multiplies `up`. SiLU's exp is
+// the one torch's own CPU kernel calls (SLEEF's 1-ULP vector exp, exported by libtorch) where this CPU has the
+// vector width torch uses (AVX-512 or AVX2), so fp32 SiLU is bit-identical to torch's. Built without floating-
+// point contraction: a fused multiply-add would round differently from torch's separate multiply and add, and
+// the fp32 engine must match transformers token for token.
 #pragma GCC optimize("fp-contract=off")
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

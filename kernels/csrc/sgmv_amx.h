@@ -61,6 +61,20 @@ inline int64_t v_row(int64_t r) { return (r + 1) / 2 * 2; }
 
 #if LORAGATE_AMX
 
+// A compiler barrier. GCC 12's AMX intrinsics under-declare their memory operands: `_tile_loadd` declares none
+// (only the address registers) and `_tile_loadconfig` 8 bytes of the 64-byte config, so stores that only a
+// tile load or ldtilecfg reads (v and x's pairs written just before, the config on the stack) could be moved
+// after it or dropped as dead — a config so dropped faulted in ldtilecfg (seen when a change elsewhere in
+// this file moved the config's stores). So every tile load goes through `LORAGATE_TILE_LOAD` and ldtilecfg
+// follows a fence: the address handed to an empty asm that clobbers memory, so every store through it is
+// done first. It costs no instruction.
+inline void fence(const void* p) { __asm__ __volatile__("" : : "r"(p) : "memory"); }
+#define LORAGATE_TILE_LOAD(tile, base, stride) \
+  do {                                         \
+    ::loragate_amx::fence(base);               \
+    _tile_loadd(tile, base, stride);           \
+  } while (0)
+
 // The tile shapes of one (m, rank) pair, loaded when they change. Tiles: 0 shrink sums [rb x m], 1 A rows
 // [rb x 32], 2 xt pairs [16 x m], 3 v [m x k], 4-5 packed B [k / 2 x 16 pairs], 6-7 expand sums [m x 16].
 class Tiles {
@@ -86,6 +100,7 @@ class Tiles {
     };
     set(0, rb, m * 4), set(1, rb, 64), set(2, 16, m * 4), set(3, m, k * 2);
     set(4, k / 2, 64), set(5, k / 2, 64), set(6, m, 64), set(7, m, 64);
+    fence(&cfg);  // ldtilecfg reads all 64 bytes; GCC's intrinsic declares 8 (see `fence`)
     _tile_loadconfig(&cfg);
     m_ = m, rb_ = rb, k_ = k;
   }
@@ -137,8 +152,8 @@ inline void shrink(Tiles& tiles, const uint32_t* xt, int64_t m, const bf16* a, i
       if (d + AHEAD < in) {  // A comes from memory in rb short strided runs: fetch each row's lines ahead
         for (int64_t j = 0; j < rb; ++j) __builtin_prefetch(a + (j0 + j) * a_row + d + AHEAD, 0, 3);
       }
-      _tile_loadd(1, a + j0 * a_row + d, a_row * sizeof(bf16));
-      _tile_loadd(2, xt + d / 32 * 256, 64);
+      LORAGATE_TILE_LOAD(1, a + j0 * a_row + d, a_row * sizeof(bf16));
+      LORAGATE_TILE_LOAD(2, xt + d / 32 * 256, 64);
       _tile_dpbf16ps(0, 1, 2);
     }
     _tile_stored(0, c, 64);
@@ -179,6 +194,8 @@ inline void expand(Tiles& tiles, bf16* y, int64_t ldy, const uint16_t* v, int64_
   const int64_t k = std::min<int64_t>(v_row(r), 32), block = pair_stride * 32;
   alignas(64) float c[2][2][16 * 16];  // [buffer][block of 16 outputs]
   int64_t pending = -1;                // the 32 outputs whose sums wait in c[pending / 32 % 2]
+  const bool one_v = v_row(r) <= k;    // all of v in one tile (rank <= 32): loaded once for every output
+  if (one_v) LORAGATE_TILE_LOAD(3, v, ldv * 2);
   for (int64_t o0 = 0;; o0 += 32) {
     if (o0 < outs) {
       const bool two = o0 + 16 < outs;
@@ -187,11 +204,11 @@ inline void expand(Tiles& tiles, bf16* y, int64_t ldy, const uint16_t* v, int64_
       _tile_zero(6);
       _tile_zero(7);
       for (int64_t j = 0; j < v_row(r); j += k) {
-        _tile_loadd(3, v + j, ldv * 2);
-        _tile_loadd(4, b0 + j * 16, 64);
+        if (!one_v) LORAGATE_TILE_LOAD(3, v + j, ldv * 2);
+        LORAGATE_TILE_LOAD(4, b0 + j * 16, 64);
         _tile_dpbf16ps(6, 3, 4);
         if (two) {
-          _tile_loadd(5, b0 + block + j * 16, 64);
+          LORAGATE_TILE_LOAD(5, b0 + block + j * 16, 64);
           _tile_dpbf16ps(7, 3, 5);
         }
       }
