@@ -82,8 +82,8 @@ class LoRAProjection:
     scale: [S] float32 and ranks: [S] int64 per-slot tables (rank 0: the slot does not adapt it);
     y_offset: the first column of the fused output it adds into;
     meta: the step's segments with this projection's slot tables on the host (`for_module`);
-    b_pairs: optional, the same B in rank pairs `[L, S, out / 16, ceil(R / 2), 32]`
-        (`kernels.sgmv_native.rank_pairs`), which the native CPU kernel's bf16 AMX path reads.
+    b_pairs: optional, the same B in rank pairs `[L, S, out / 16, ceil(R / 2), 32]`, each slot's own ranks
+        packed densely (`kernels.sgmv_native.slot_pairs`), which the native CPU kernel's bf16 AMX path reads.
     """
 
     a: torch.Tensor

@@ -7,6 +7,8 @@ BLAS call's fixed cost exceeds the few thousand multiply-adds of a segment). Sam
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from kernels.lora_meta import LoRABatchMeta, LoRAGroup
@@ -105,3 +107,26 @@ def rank_pairs(b: torch.Tensor) -> torch.Tensor:
         rank += 1
     pairs = b.reshape(*lead, out // 16, 16, rank // 2, 2).transpose(-3, -2)
     return pairs.reshape(*lead, out // 16, rank // 2, 32).contiguous()
+
+
+def slot_pairs(b: torch.Tensor, ranks: Sequence[int]) -> torch.Tensor:
+    """B stacks `[L, S, out, R]` in rank pairs as the native bf16 kernel reads them on AMX,
+    `[L, S, out / 16, ceil(R / 2), 32]` contiguous: slot s holds `rank_pairs` of its own `ranks[s]` ranks
+    only, packed densely at the start of its region (`write_slot_pairs`), zeros after. A slot of rank r is
+    then one contiguous run of `out * ceil(r / 2) * 4` bytes per layer, however large the stack's rank:
+    padded to the stack's rank, a rank-16 slot of a rank-64 stack read 512 of every 2,048 bytes."""
+    layers, slots, out, rank = b.shape
+    pairs = b.new_zeros(layers, slots, out // 16, (rank + 1) // 2, 32)
+    for slot, r in enumerate(ranks):
+        write_slot_pairs(pairs[:, slot], b[:, slot], int(r))
+    return pairs
+
+
+def write_slot_pairs(region: torch.Tensor, b: torch.Tensor, rank: int) -> None:
+    """One slot's B `[L, out, R]` of rank `rank` into its region `[L, out / 16, ceil(R / 2), 32]` of a
+    `slot_pairs` stack: `rank_pairs(b[..., :rank])` flat at the region's start, zeros after it."""
+    region.zero_()
+    if rank == 0:
+        return
+    dense = rank_pairs(b[..., :rank]).reshape(b.shape[0], -1)
+    region.view(b.shape[0], -1)[:, : dense.shape[1]] = dense

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from kernels.backend import use_native
-from kernels.sgmv_native import amx_ready, rank_pairs
+from kernels.sgmv_native import amx_ready, write_slot_pairs
 from loragate.contracts import AdapterTier
 from worker.config import ModelConfig
 from worker.device import is_cuda
@@ -29,7 +29,7 @@ from worker.lora import AdapterError, LoRAWeights, load_adapter
 def _b_pairs(
     layers: int, slots: int, fan_in: int, fan_out: int, rank: int, dtype: torch.dtype, device: str
 ) -> torch.Tensor | None:
-    """Zeros `[L, S, out / 16, ceil(R / 2), 32]` for B in rank pairs (`kernels.sgmv_native.rank_pairs`)
+    """Zeros `[L, S, out / 16, ceil(R / 2), 32]` for B in rank pairs (`kernels.sgmv_native.slot_pairs`)
     where the native CPU kernels run bf16 on AMX and this module's shapes let them; None elsewhere. Kept
     beside B (as much memory again as B) so that no step repacks an adapter's B."""
     if not (dtype == torch.bfloat16 and use_native(torch.empty(0, device=device)) and amx_ready()):
@@ -202,7 +202,7 @@ class AdapterCache:
             stack.a[:, slot, :r].copy_(lora.a, non_blocking=True)
             stack.b[:, slot, :, :r].copy_(lora.b, non_blocking=True)
             if stack.b_pairs is not None:
-                stack.b_pairs[:, slot] = rank_pairs(stack.b[:, slot])
+                write_slot_pairs(stack.b_pairs[:, slot], stack.b[:, slot], r)
             stack.scale[slot] = lora.scale
             self.host_scale[module][slot] = lora.scale
 

@@ -10,8 +10,8 @@
 // per module, the chunk's 16-bit inputs converted once for all modules. A chunk's tiles of 4 tokens share
 // each block of weights while it is in L1 (`sgmv_blocks.h`), and threads take chunks as they finish
 // (segments differ in length). In bf16 on a CPU with AMX, a module whose B also comes in rank pairs
-// (`pairs`, kept by the adapter cache) runs on AMX tiles instead (`sgmv_amx.h`): the same sums, summed in
-// the tiles' order.
+// (`pairs`, kept by the adapter cache, each slot's own ranks dense) runs on AMX tiles instead (`sgmv_amx.h`):
+// the same sums, summed in the tiles' order.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -40,8 +40,10 @@ struct Module {
   int64_t a_slot, a_row;
   const void* b;  // this layer's [S, O, R] through its strides
   int64_t b_slot, b_out, b_rank, outs, offset;
-  const void* pairs;  // this layer's B in rank pairs [S, O / 16, R / 2, 32] (`sgmv_amx.h`), or null
-  int64_t pair_slot, pair_stride;
+  // This layer's B in rank pairs [S, O / 16, R / 2, 32] (`sgmv_amx.h`), or null. Each slot's region holds
+  // its own rank's pairs densely, [O / 16, ceil(r / 2), 32] from its start (`kernels.sgmv_native.slot_pairs`).
+  const void* pairs;
+  int64_t pair_slot;
 };
 
 struct Scratch {
@@ -105,7 +107,7 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
             if (ldv > r)
               for (int64_t u = 0; u < k.rows; ++u) vh[u * ldv + r] = 0;
             const T* bp = static_cast<const T*>(md.pairs) + k.slot * md.pair_slot;
-            loragate_amx::expand(*tiles, yp + k.token * ldy + md.offset, ldy, vh, ldv, k.rows, bp, md.pair_stride, r,
+            loragate_amx::expand(*tiles, yp + k.token * ldy + md.offset, ldy, vh, ldv, k.rows, bp, ldv / 2, r,
                                  md.outs);
             continue;
           }
@@ -181,7 +183,7 @@ void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorL
     const int64_t esize = static_cast<int64_t>(x.element_size());
     mods.push_back({static_cast<const char*>(am.data_ptr()) + layer * am.stride(0) * esize, am.stride(1),
                     am.stride(2), static_cast<const char*>(bm.data_ptr()) + layer * bm.stride(0) * esize,
-                    bm.stride(1), bm.stride(2), bm.stride(3), bm.size(2), offsets[m], nullptr, 0, 0});
+                    bm.stride(1), bm.stride(2), bm.stride(3), bm.size(2), offsets[m], nullptr, 0});
     if (!pairs.empty()) {
       const at::Tensor& pm = pairs[m];
       TORCH_CHECK(pm.dim() == 5 && pm.is_contiguous() && pm.scalar_type() == x.scalar_type() &&
@@ -189,7 +191,7 @@ void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorL
                       pm.size(3) * 2 >= am.size(2) && pm.size(4) == 32,
                   "sgmv_group: pairs must be B in rank pairs, contiguous [L, S, O / 16, ceil(R / 2), 32]");
       mods.back().pairs = static_cast<const char*>(pm.data_ptr()) + layer * pm.stride(0) * esize;
-      mods.back().pair_slot = pm.stride(1), mods.back().pair_stride = pm.size(3);
+      mods.back().pair_slot = pm.stride(1);
     }
   }
   std::vector<Chunk> work;

@@ -16,7 +16,7 @@ import torch
 
 from kernels import LoRABatchMeta, LoRAGroup, sgmv_expand, sgmv_group, sgmv_shrink
 from kernels.backend import BACKEND_ENV
-from kernels.sgmv_native import amx_ready, rank_pairs
+from kernels.sgmv_native import amx_ready, rank_pairs, slot_pairs
 from tests.kernels.group_testing import LAYER, group_case, reference, untouched
 from tests.kernels.kernel_testing import POPULARITIES, TOLERANCE, rel_err
 
@@ -75,8 +75,19 @@ def test_rank_pairs_puts_two_consecutive_ranks_of_16_outputs_in_each_row() -> No
     assert torch.equal(pairs[:, :, o // 16, p, 2 * (o % 16) + e], want)
 
 
+def test_slot_pairs_packs_each_slots_own_ranks_densely() -> None:
+    b = torch.randn(2, 3, 32, 8)  # [L, S, out, R]: slots of rank 5, 0 and 8
+    pairs = slot_pairs(b, [5, 0, 8])
+    assert pairs.shape == (2, 3, 2, 4, 32) and pairs.is_contiguous()
+    flat = pairs.view(2, 3, -1)
+    dense = rank_pairs(b[:, 0, :, :5]).reshape(2, -1)  # [L, 2 blocks x 3 pairs x 32]
+    assert torch.equal(flat[:, 0, : dense.shape[1]], dense)
+    assert not flat[:, 0, dense.shape[1] :].any() and not flat[:, 1].any()
+    assert torch.equal(pairs[:, 2], rank_pairs(b[:, 2]))  # a slot of the stack's rank: as rank_pairs
+
+
 def _with_pairs(group: LoRAGroup, factor: float = 1.0) -> LoRAGroup:
-    projections = (replace(p, b_pairs=rank_pairs(p.b * factor)) for p in group.projections)
+    projections = (replace(p, b_pairs=slot_pairs(p.b * factor, p.ranks.tolist())) for p in group.projections)
     return LoRAGroup(tuple(projections), group.meta)
 
 
