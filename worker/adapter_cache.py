@@ -191,20 +191,17 @@ class AdapterCache:
         for module, stack in self.stacks.items():
             stack.a[:, slot].zero_()
             stack.b[:, slot].zero_()
-            if stack.b_pairs is not None:
-                stack.b_pairs[:, slot].zero_()
             lora = weights.modules.get(module)
             r = lora.rank if lora is not None else 0
             self.host_ranks[module][slot] = r
             stack.ranks[slot] = r
-            if lora is None:
-                continue
-            stack.a[:, slot, :r].copy_(lora.a, non_blocking=True)
-            stack.b[:, slot, :, :r].copy_(lora.b, non_blocking=True)
-            if stack.b_pairs is not None:
+            if lora is not None:
+                stack.a[:, slot, :r].copy_(lora.a, non_blocking=True)
+                stack.b[:, slot, :, :r].copy_(lora.b, non_blocking=True)
+                stack.scale[slot] = lora.scale
+                self.host_scale[module][slot] = lora.scale
+            if stack.b_pairs is not None:  # the slot's pairs, zeros past them (all zeros: not adapted)
                 write_slot_pairs(stack.b_pairs[:, slot], stack.b[:, slot], r)
-            stack.scale[slot] = lora.scale
-            self.host_scale[module][slot] = lora.scale
 
 
 def pinned(weights: LoRAWeights) -> LoRAWeights:
