@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernels.attention_meta import AttentionMeta
+from kernels.attention_native import paged_attention_decode_native, write_kv_native
 from kernels.attention_torch import (
     paged_attention_decode_torch,
     paged_attention_prefill_torch,
@@ -44,8 +45,6 @@ def write_kv(
         slot_mapping: Shape `[T]`, int64. Flat cache slot of each token.
     """
     if use_native(k) and k_cache.is_contiguous() and v_cache.is_contiguous():
-        from kernels.attention_native import write_kv_native
-
         write_kv_native(k_cache, v_cache, k, v, slot_mapping)
     else:
         write_kv_torch(k_cache, v_cache, k, v, slot_mapping)
@@ -86,8 +85,6 @@ def paged_attention_decode(
             out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
         )
     elif use_native(q):
-        from kernels.attention_native import paged_attention_decode_native
-
         paged_attention_decode_native(
             out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
         )

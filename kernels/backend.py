@@ -30,9 +30,19 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+def backend_choice() -> str:
+    """`LORAGATE_KERNEL_BACKEND` as set now, `auto` when unset. Read on every kernel call (several per
+    layer), so from `os.environ`'s own table of encoded names: `os.environ.get` of an unset name raises
+    and catches a KeyError inside, ~1 us a call. Changes made through `os.environ` (as
+    `monkeypatch.setenv` does) show at once."""
+    environ = os.environ
+    raw = environ._data.get(environ.encodekey(BACKEND_ENV))  # type: ignore[attr-defined]
+    return "auto" if raw is None else str(environ.decodevalue(raw))
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """True when a kernel call on `t` goes to Triton (see the module docstring for the rules)."""
-    choice = os.environ.get(BACKEND_ENV, "auto")
+    choice = backend_choice()
     if choice == "auto":
         return t.is_cuda and triton_available()
     if choice in ("torch", "native"):
@@ -49,10 +59,10 @@ def use_triton(t: torch.Tensor) -> bool:
 def use_native(t: torch.Tensor) -> bool:
     """True when a kernel call on `t` that has a native CPU kernel goes to it (a CPU tensor, and the
     backend `auto` with the kernels built, or `native`)."""
-    choice = os.environ.get(BACKEND_ENV, "auto")
+    choice = backend_choice()
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV}={choice!r}; expected one of {BACKENDS}")
-    if t.device.type != "cpu" or choice not in ("auto", "native"):
+    if not t.is_cpu or choice not in ("auto", "native"):
         return False
     from kernels import native
 

@@ -16,17 +16,15 @@ packed model and a plain one can coexist in one process.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
-from kernels.backend import BACKEND_ENV, BACKENDS
+from kernels.backend import BACKEND_ENV, BACKENDS, backend_choice
 
 
 def onednn_packs(weight: torch.Tensor) -> bool:
     """True when `pack_linear_weight` would pack `weight` (see the module docstring)."""
-    choice = os.environ.get(BACKEND_ENV, "auto")
+    choice = backend_choice()
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV}={choice!r}; expected one of {BACKENDS}")
     if choice not in ("auto", "native") or weight.device.type != "cpu" or weight.dim() != 2:

@@ -129,14 +129,10 @@ class LoRAGroup:
         return torch.tensor(rows, dtype=torch.int64, device=self.projections[0].a.device)
 
     @cached_property
-    def native_args(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[int]]:
-        """The native CPU kernel's per-projection arguments (A stacks, B stacks, B stacks in rank pairs or
-        none unless every projection has them, output offsets), listed once per step instead of in each
-        of its layers' calls."""
-        pairs = [p.b_pairs for p in self.projections]
-        return (
-            [p.a for p in self.projections],
-            [p.b for p in self.projections],
-            [t for t in pairs if t is not None] if all(t is not None for t in pairs) else [],
-            [p.y_offset for p in self.projections],
-        )
+    def native_plan(self) -> torch.Tensor:
+        """The native CPU kernel's plan of this step (`kernels.sgmv_native.group_plan`): the projections'
+        stacks, slot tables, output offsets and the segments' chunks, checked and laid out once per step
+        and run by each layer's call."""
+        from kernels.sgmv_native import group_plan
+
+        return group_plan(self)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import sgmv_native
 from kernels.backend import use_native, use_triton
 from kernels.lora_meta import LoRABatchMeta, LoRAGroup
 from kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
@@ -51,9 +52,7 @@ def sgmv_shrink(
 
         sgmv_shrink_triton(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
     elif use_native(x):
-        from kernels.sgmv_native import sgmv_shrink_native
-
-        sgmv_shrink_native(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
+        sgmv_native.sgmv_shrink_native(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
     else:
         sgmv_shrink_torch(y, x, lora_a, meta, layer=layer, scale=scale, ranks=ranks)
 
@@ -88,9 +87,7 @@ def sgmv_expand(
 
         sgmv_expand_triton(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
     elif use_native(v):
-        from kernels.sgmv_native import sgmv_expand_native
-
-        sgmv_expand_native(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
+        sgmv_native.sgmv_expand_native(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
     else:
         sgmv_expand_torch(y, v, lora_b, meta, layer=layer, y_offset=y_offset, ranks=ranks)
 
@@ -119,9 +116,7 @@ def sgmv_group(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int
         sgmv_group_triton(y, x, group, layer=layer)
         return
     if use_native(x):
-        from kernels.sgmv_native import sgmv_group_native
-
-        sgmv_group_native(y, x, group, layer=layer)
+        sgmv_native.sgmv_group_native(y, x, group, layer=layer)
         return
     for p in group.projections:
         v = x.new_zeros(x.shape[0], p.a.shape[2])

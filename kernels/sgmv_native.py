@@ -68,21 +68,29 @@ def sgmv_expand_native(
         out.copy_(target)
 
 
-def sgmv_group_native(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int) -> None:
-    target = _rows(y)
-    a, b, pairs, offsets = group.native_args
-    torch.ops.loragate_cpu.sgmv_group(
-        target,
-        _rows(x),
-        a,
-        b,
-        pairs,
+def group_plan(group: LoRAGroup) -> torch.Tensor:
+    """`group`'s step checked and laid out for the native kernel, as an opaque byte tensor that holds the
+    tensors it reads (never write to it): every projection's A and B stacks (and B in rank pairs where
+    every projection has them), slot tables, output offsets, and the segments cut into work chunks. Made
+    once per step (`LoRAGroup.native_plan`); each layer's call then passes its input, output and layer."""
+    pairs = [p.b_pairs for p in group.projections]
+    return torch.ops.loragate_cpu.sgmv_group_plan(
+        [p.a for p in group.projections],
+        [p.b for p in group.projections],
+        [t for t in pairs if t is not None] if all(t is not None for t in pairs) else [],
         group.rank_table,
         group.scale_table,
-        offsets,
+        [p.y_offset for p in group.projections],
         group.meta.segment_table,
-        layer,
     )
+
+
+def sgmv_group_native(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int) -> None:
+    if y.stride(1) == 1 and x.stride(1) == 1:
+        torch.ops.loragate_cpu.sgmv_group_run(y, x, group.native_plan, layer)
+        return
+    target = _rows(y)
+    torch.ops.loragate_cpu.sgmv_group_run(target, _rows(x), group.native_plan, layer)
     if target is not y:
         y.copy_(target)
 

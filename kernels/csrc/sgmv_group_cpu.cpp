@@ -20,6 +20,9 @@
 #include "sgmv_common.h"
 
 #include <algorithm>
+#include <array>
+#include <limits>
+#include <memory>
 #include <atomic>
 #include <optional>
 #include <type_traits>
@@ -54,15 +57,15 @@ struct Scratch {
 };
 
 template <typename T>
-void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, const int64_t* ranks,
-           const float* scales, int64_t slots, const std::vector<Chunk>& work) {
-  const int64_t in = x.size(1), ldx = x.stride(0), ldy = y.stride(0), n = static_cast<int64_t>(mods.size());
+void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, const int64_t* ranks,
+           const float* scales, int64_t slots, const Chunk* work, int64_t count) {
+  const int64_t in = x.size(1), ldx = x.stride(0), ldy = y.stride(0);
   int64_t max_rank = 0;
   for (int64_t i = 0; i < n * slots; ++i) max_rank = std::max(max_rank, ranks[i]);
   const T* xp = x.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   std::atomic<int64_t> next{0};
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(work.size()));
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
   // bf16 on AMX (`sgmv_amx.h`) for the modules whose B comes in rank pairs and whose shapes fit
   // (`loragate_amx::fits`; the adapter cache keeps pairs only for such shapes); the AVX blocks for the rest.
   const bool amx = std::is_same_v<T, at::BFloat16> && in % 32 == 0 && loragate_amx::ready();
@@ -85,7 +88,7 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
       scratch.xt.resize(in / 32 * 256), scratch.vh.resize(CHUNK * loragate_amx::v_row(max_rank));
     }
 #endif
-    for (int64_t i = next++; i < static_cast<int64_t>(work.size()); i = next++) {
+    for (int64_t i = next++; i < count; i = next++) {
       const Chunk& k = work[i];
       const T* xt = xp + k.token * ldx;
       bool have_xs = wide, x_paired = false;  // x's chunk in fp32 / packed in pairs, made when first needed
@@ -147,13 +150,40 @@ void group(at::Tensor& y, const at::Tensor& x, const std::vector<Module>& mods, 
   });
 }
 
-void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorList b, at::TensorList pairs,
-                const at::Tensor& ranks,
-                const at::Tensor& scales, at::IntArrayRef offsets, const at::Tensor& segments, int64_t layer) {
+// A group's step, checked and laid out once (`sgmv_group_plan`) and run for every layer (`sgmv_group_run`):
+// each layer's call then passes three tensors through the dispatcher instead of three lists of tensors, two
+// tables and a list of offsets, and does no per-module checks (per call, the dispatch and the checks cost
+// more than a decode step's small adapters' arithmetic). The plan is a byte tensor whose memory is the
+// `Plan` itself, freed with the tensor: it holds the tensors it points into, so its addresses stay valid
+// for as long as it lives. (A custom class would do the same, but passing one from Python costs ~15 us.)
+constexpr uint64_t PLAN_MAGIC = 0x6c6f726167617465ULL;
+
+struct Plan {
+  uint64_t magic = PLAN_MAGIC;
+  const Plan* self = this;        // a copy of a plan's bytes is not a plan
+  std::vector<at::Tensor> held;  // the stacks whose addresses `mods` keeps
+  std::vector<Module> mods;      // layer 0's addresses; `layer_bytes` moves them to a layer
+  std::vector<std::array<int64_t, 3>> layer_bytes;  // per module: a, b, pairs strides over layers, bytes
+  std::vector<int64_t> ranks;
+  std::vector<float> scales;
+  std::vector<Chunk> work;
+  at::ScalarType dtype = at::kFloat;
+  int64_t slots = 0, in = 0, layers = 0, width = 0, rows = 0;
+};
+
+const Plan& read_plan(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kByte && t.dim() == 1 &&
+                  t.size(0) == static_cast<int64_t>(sizeof(Plan)) && t.storage_offset() == 0,
+              "sgmv_group: not a plan made by sgmv_group_plan");
+  const auto* plan = static_cast<const Plan*>(t.const_data_ptr());
+  TORCH_CHECK(plan->magic == PLAN_MAGIC && plan->self == plan, "sgmv_group: not a plan made by sgmv_group_plan");
+  return *plan;
+}
+
+at::Tensor sgmv_group_plan(at::TensorList a, at::TensorList b, at::TensorList pairs, const at::Tensor& ranks,
+                           const at::Tensor& scales, at::IntArrayRef offsets, const at::Tensor& segments) {
   const int64_t n = static_cast<int64_t>(a.size());
-  TORCH_CHECK(y.dim() == 2 && x.dim() == 2 && y.stride(1) == 1 && x.stride(1) == 1,
-              "sgmv_group: y and x must be 2-D with contiguous rows");
-  TORCH_CHECK(y.scalar_type() == x.scalar_type(), "sgmv_group: y and x must share a dtype");
+  TORCH_CHECK(n > 0, "sgmv_group: no projection");
   TORCH_CHECK(static_cast<int64_t>(b.size()) == n && static_cast<int64_t>(offsets.size()) == n,
               "sgmv_group: one b and one offset per a");
   TORCH_CHECK(pairs.empty() || static_cast<int64_t>(pairs.size()) == n, "sgmv_group: one B in pairs per a, or none");
@@ -164,59 +194,115 @@ void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorL
   TORCH_CHECK(segments.scalar_type() == at::kLong && segments.is_contiguous() && segments.dim() == 2 &&
                   segments.size(1) == 3,
               "sgmv_group: segments must be contiguous int64 [N, 3]");
+  auto plan = std::make_unique<Plan>();
   const int64_t slots = ranks.size(1);
   const int64_t* rk = ranks.data_ptr<int64_t>();
-  std::vector<Module> mods;
+  plan->dtype = a[0].scalar_type(), plan->slots = slots, plan->in = a[0].size(3);
+  plan->layers = std::numeric_limits<int64_t>::max();
+  const int64_t esize = static_cast<int64_t>(a[0].element_size());
   for (int64_t m = 0; m < n; ++m) {
     const at::Tensor &am = a[m], &bm = b[m];
-    TORCH_CHECK(am.dim() == 4 && bm.dim() == 4 && am.scalar_type() == x.scalar_type() &&
-                    bm.scalar_type() == x.scalar_type(),
+    TORCH_CHECK(am.dim() == 4 && bm.dim() == 4 && am.scalar_type() == plan->dtype && bm.scalar_type() == plan->dtype,
                 "sgmv_group: a and b must be [L, S, R, in] / [L, S, O, R] in x's dtype");
-    TORCH_CHECK(am.size(3) == x.size(1) && am.stride(3) == 1 && am.stride(2) == am.size(3),
+    TORCH_CHECK(am.size(3) == plan->in && am.stride(3) == 1 && am.stride(2) == am.size(3),
                 "sgmv_group: a's rows must be contiguous and as long as x's");
     TORCH_CHECK(am.size(1) == slots && bm.size(1) == slots && bm.size(3) == am.size(2),
                 "sgmv_group: a, b and the slot tables must agree on slots and rank");
-    TORCH_CHECK(layer >= 0 && layer < am.size(0) && layer < bm.size(0), "sgmv_group: layer out of range");
-    TORCH_CHECK(offsets[m] >= 0 && offsets[m] + bm.size(2) <= y.size(1), "sgmv_group: output slice out of y");
+    TORCH_CHECK(offsets[m] >= 0, "sgmv_group: output slice out of y");
     for (int64_t s = 0; s < slots; ++s)
       TORCH_CHECK(rk[m * slots + s] >= 0 && rk[m * slots + s] <= am.size(2), "sgmv_group: rank out of range");
-    const int64_t esize = static_cast<int64_t>(x.element_size());
-    mods.push_back({static_cast<const char*>(am.data_ptr()) + layer * am.stride(0) * esize, am.stride(1),
-                    am.stride(2), static_cast<const char*>(bm.data_ptr()) + layer * bm.stride(0) * esize,
-                    bm.stride(1), bm.stride(2), bm.stride(3), bm.size(2), offsets[m], nullptr, 0});
+    plan->layers = std::min({plan->layers, am.size(0), bm.size(0)});
+    plan->width = std::max(plan->width, offsets[m] + bm.size(2));
+    plan->mods.push_back({am.data_ptr(), am.stride(1), am.stride(2), bm.data_ptr(), bm.stride(1), bm.stride(2),
+                          bm.stride(3), bm.size(2), offsets[m], nullptr, 0});
+    std::array<int64_t, 3> strides{am.stride(0) * esize, bm.stride(0) * esize, 0};
+    plan->held.push_back(am), plan->held.push_back(bm);
     if (!pairs.empty()) {
       const at::Tensor& pm = pairs[m];
-      TORCH_CHECK(pm.dim() == 5 && pm.is_contiguous() && pm.scalar_type() == x.scalar_type() &&
+      TORCH_CHECK(pm.dim() == 5 && pm.is_contiguous() && pm.scalar_type() == plan->dtype &&
                       pm.size(0) == am.size(0) && pm.size(1) == slots && pm.size(2) * 16 == bm.size(2) &&
                       pm.size(3) * 2 >= am.size(2) && pm.size(4) == 32,
                   "sgmv_group: pairs must be B in rank pairs, contiguous [L, S, O / 16, ceil(R / 2), 32]");
-      mods.back().pairs = static_cast<const char*>(pm.data_ptr()) + layer * pm.stride(0) * esize;
-      mods.back().pair_slot = pm.stride(1);
+      plan->mods.back().pairs = pm.data_ptr();
+      plan->mods.back().pair_slot = pm.stride(1);
+      strides[2] = pm.stride(0) * esize;
+      plan->held.push_back(pm);
     }
+    plan->layer_bytes.push_back(strides);
   }
-  std::vector<Chunk> work;
+  plan->ranks.assign(rk, rk + n * slots);
+  const float* sc = scales.data_ptr<float>();
+  plan->scales.assign(sc, sc + n * slots);
   const int64_t* seg = segments.data_ptr<int64_t>();
   for (int64_t i = 0; i < segments.size(0); ++i) {
     const int64_t start = seg[3 * i], end = seg[3 * i + 1], slot = seg[3 * i + 2];
-    TORCH_CHECK(start >= 0 && end <= x.size(0) && end <= y.size(0) && slot < slots, "sgmv_group: bad segment");
+    TORCH_CHECK(start >= 0 && start <= end && slot < slots, "sgmv_group: bad segment");
+    plan->rows = std::max(plan->rows, end);
     if (slot < 0) continue;
     bool used = false;
     for (int64_t m = 0; m < n; ++m) used = used || rk[m * slots + slot] > 0;
     if (!used) continue;
-    for (int64_t t = start; t < end; t += CHUNK) work.push_back({t, slot, std::min(CHUNK, end - t)});
+    for (int64_t t = start; t < end; t += CHUNK) plan->work.push_back({t, slot, std::min(CHUNK, end - t)});
   }
-  const float* sc = scales.data_ptr<float>();
+  Plan* raw = plan.release();
+  return at::from_blob(
+      raw, {static_cast<int64_t>(sizeof(Plan))}, [](void* p) { delete static_cast<Plan*>(p); },
+      at::TensorOptions().dtype(at::kByte));
+}
+
+void run(at::Tensor& y, const at::Tensor& x, const Plan* plan, int64_t layer) {
+  TORCH_CHECK(y.dim() == 2 && x.dim() == 2 && y.stride(1) == 1 && x.stride(1) == 1,
+              "sgmv_group: y and x must be 2-D with contiguous rows");
+  TORCH_CHECK(y.scalar_type() == x.scalar_type(), "sgmv_group: y and x must share a dtype");
+  TORCH_CHECK(x.scalar_type() == plan->dtype, "sgmv_group: a and b must be [L, S, R, in] / [L, S, O, R] in x's dtype");
+  TORCH_CHECK(x.size(1) == plan->in, "sgmv_group: a's rows must be contiguous and as long as x's");
+  TORCH_CHECK(layer >= 0 && layer < plan->layers, "sgmv_group: layer out of range");
+  TORCH_CHECK(plan->width <= y.size(1), "sgmv_group: output slice out of y");
+  TORCH_CHECK(plan->rows <= x.size(0) && plan->rows <= y.size(0), "sgmv_group: bad segment");
+  if (plan->work.empty()) return;
+  const int64_t n = static_cast<int64_t>(plan->mods.size());
+  std::array<Module, 8> local;
+  std::vector<Module> many;
+  Module* mods = n <= 8 ? local.data() : (many.resize(n), many.data());
+  for (int64_t m = 0; m < n; ++m) {
+    Module md = plan->mods[m];
+    const std::array<int64_t, 3>& lb = plan->layer_bytes[m];
+    md.a = static_cast<const char*>(md.a) + layer * lb[0];
+    md.b = static_cast<const char*>(md.b) + layer * lb[1];
+    if (md.pairs != nullptr) md.pairs = static_cast<const char*>(md.pairs) + layer * lb[2];
+    mods[m] = md;
+  }
+  const int64_t* rk = plan->ranks.data();
+  const float* sc = plan->scales.data();
+  const Chunk* work = plan->work.data();
+  const int64_t count = static_cast<int64_t>(plan->work.size()), slots = plan->slots;
   switch (x.scalar_type()) {
-    case at::kFloat: group<float>(y, x, mods, rk, sc, slots, work); break;
-    case at::kBFloat16: group<at::BFloat16>(y, x, mods, rk, sc, slots, work); break;
-    case at::kHalf: group<at::Half>(y, x, mods, rk, sc, slots, work); break;
+    case at::kFloat: group<float>(y, x, mods, n, rk, sc, slots, work, count); break;
+    case at::kBFloat16: group<at::BFloat16>(y, x, mods, n, rk, sc, slots, work, count); break;
+    case at::kHalf: group<at::Half>(y, x, mods, n, rk, sc, slots, work, count); break;
     default: TORCH_CHECK(false, "sgmv_group: unsupported dtype ", x.scalar_type());
   }
+}
+
+void sgmv_group_run(at::Tensor y, const at::Tensor& x, const at::Tensor& plan, int64_t layer) {
+  run(y, x, &read_plan(plan), layer);
+}
+
+// Plan and run in one call (for a single layer's use).
+void sgmv_group(at::Tensor y, const at::Tensor& x, at::TensorList a, at::TensorList b, at::TensorList pairs,
+                const at::Tensor& ranks, const at::Tensor& scales, at::IntArrayRef offsets, const at::Tensor& segments,
+                int64_t layer) {
+  sgmv_group_run(y, x, sgmv_group_plan(a, b, pairs, ranks, scales, offsets, segments), layer);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
+  m.def("sgmv_group_plan(Tensor[] a, Tensor[] b, Tensor[] pairs, Tensor ranks, Tensor scales, int[] offsets, "
+        "Tensor segments) -> Tensor");
+  m.impl("sgmv_group_plan", c10::DispatchKey::CPU, &sgmv_group_plan);
+  m.def("sgmv_group_run(Tensor(a!) y, Tensor x, Tensor plan, int layer) -> ()");
+  m.impl("sgmv_group_run", c10::DispatchKey::CPU, &sgmv_group_run);
   m.def("sgmv_group(Tensor(a!) y, Tensor x, Tensor[] a, Tensor[] b, Tensor[] pairs, Tensor ranks, Tensor scales, "
         "int[] offsets, Tensor segments, int layer) -> ()");
   m.impl("sgmv_group", c10::DispatchKey::CPU, &sgmv_group);

@@ -43,13 +43,15 @@ def group_case(
     return slots, x.to(device), y.to(device), LoRAGroup(tuple(projections), meta)
 
 
-def reference(slots: list[int], x: torch.Tensor, y: torch.Tensor, group: LoRAGroup) -> torch.Tensor:
+def reference(
+    slots: list[int], x: torch.Tensor, y: torch.Tensor, group: LoRAGroup, layer: int = LAYER
+) -> torch.Tensor:
     """float64: each projection's shrink (rounded to x's dtype, as the kernels store v), then expand."""
     out, x = y.double().cpu(), x.cpu()
     for p in group.projections:
         ranks = p.ranks.tolist()
-        v = sgmv_shrink_ref(x, p.a.cpu(), slots, LAYER, p.scale.cpu(), ranks).to(x.dtype)
-        out = sgmv_expand_ref(out, v, p.b.cpu(), slots, LAYER, p.y_offset, ranks)
+        v = sgmv_shrink_ref(x, p.a.cpu(), slots, layer, p.scale.cpu(), ranks).to(x.dtype)
+        out = sgmv_expand_ref(out, v, p.b.cpu(), slots, layer, p.y_offset, ranks)
     return out
 
 

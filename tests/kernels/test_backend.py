@@ -9,7 +9,7 @@ import pytest
 import torch
 import triton  # noqa: F401  # a pinned dependency: a broken install fails here, it does not skip
 
-from kernels.backend import BACKEND_ENV, use_triton
+from kernels.backend import BACKEND_ENV, backend_choice, use_triton
 
 
 def test_cpu_tensors_use_torch_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,3 +79,14 @@ print(triton_available(), y.sum().item(), sorted(m for m in sys.modules if m.end
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.split() == ["False", "40.0", "[]"]
+
+
+def test_backend_choice_follows_the_environment_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice is read from the environment on every call (kernels read it through `backend_choice`)."""
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert backend_choice() == "auto"
+    for value in ("torch", "native", "triton", "auto"):
+        monkeypatch.setenv(BACKEND_ENV, value)
+        assert backend_choice() == value
+    monkeypatch.delenv(BACKEND_ENV)
+    assert backend_choice() == "auto"

@@ -9,6 +9,7 @@ back bit-exact. Where the CPU has AMX, the native kernel's bf16 path reads B in 
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import pytest
@@ -63,6 +64,64 @@ def test_native_group_refuses_a_projection_outside_y(monkeypatch: pytest.MonkeyP
         sgmv_group(y0.clone(), x, bad, layer=LAYER)
     with pytest.raises(RuntimeError, match="layer out of range"):
         sgmv_group(y0.clone(), x, group, layer=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_native_plan_made_once_serves_every_layer(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's plan (made at the group's first call and kept by it) serves every layer's call, each
+    layer reading its own weights."""
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    slots, x, y0, group = group_case("zipf", dtype, 3, transposed_b=True)
+    plan = group.native_plan
+    for layer in (0, 1, 0):
+        y = y0.clone()
+        sgmv_group(y, x, group, layer=layer)
+        assert rel_err(y, reference(slots, x, y0, group, layer=layer)) < TOLERANCE[dtype]
+        assert torch.equal(y[untouched(slots, y0, group)], y0[untouched(slots, y0, group)])
+    assert group.native_plan is plan
+
+
+def test_native_plan_holds_the_weights_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan keeps its group's stacks alive: run after the group and its tensors are gone, it still
+    reads the weights it was made from (freed, their memory would be reused by the allocations below)."""
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    slots, x, y0, group = group_case("uniform", torch.float32, 4)
+    want = reference(slots, x, y0, group)
+    plan = group.native_plan
+    del group
+    gc.collect()
+    scratch = [torch.full((16, 8, 64), float("nan")) for _ in range(8)]  # would take the freed blocks
+    y = y0.clone()
+    torch.ops.loragate_cpu.sgmv_group_run(y, x, plan, LAYER)
+    assert rel_err(y, want) < TOLERANCE[torch.float32]
+    assert len(scratch) == 8
+
+
+def test_native_run_refuses_anything_but_a_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a plan made by `sgmv_group_plan` is run: not a copy of its bytes, not zeros, not another dtype;
+    and a plan is run only on inputs it fits."""
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    _, x, y0, group = group_case("uniform", torch.float32, 2)
+    plan = group.native_plan
+    run = torch.ops.loragate_cpu.sgmv_group_run
+    fakes = (
+        plan.clone(),
+        torch.zeros_like(plan),
+        plan.view(torch.int8),
+        torch.zeros(plan.numel() + 8, dtype=plan.dtype)[8:],
+    )
+    for fake in fakes:
+        with pytest.raises(RuntimeError, match="not a plan made by sgmv_group_plan"):
+            run(y0.clone(), x, fake, LAYER)
+    with pytest.raises(RuntimeError, match="bad segment"):
+        run(y0[:-1].clone(), x[:-1], plan, LAYER)  # fewer rows than the step's segments cover
+    with pytest.raises(RuntimeError, match="as long as x's"):
+        run(y0.clone(), torch.cat([x, x], 1), plan, LAYER)
+    with pytest.raises(RuntimeError, match="in x's dtype"):
+        run(y0.double(), x.double(), plan, LAYER)
+    run(y0.clone(), x, plan, LAYER)  # the real one still runs
 
 
 def test_rank_pairs_puts_two_consecutive_ranks_of_16_outputs_in_each_row() -> None:
