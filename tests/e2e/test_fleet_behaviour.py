@@ -7,6 +7,7 @@ import concurrent.futures
 import json
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
@@ -221,9 +222,15 @@ def test_ended_requests_free_admission_room_before_the_next_fleet_refresh(stack:
         stats = httpx.get(f"{url}/admin/policy/stats", headers=ADMIN, timeout=10).json()
         assert stats["admission_waited"] == 0
         workers = len(httpx.get(f"{url}/admin/workers", headers=ADMIN, timeout=10).json()["workers"])
+        start = threading.Barrier(2 * workers)  # all of them sent at once, long enough to overlap on any host
+
+        def busy_stream() -> tuple[str | None, int]:
+            start.wait(timeout=30)
+            return _stream(url, 64)
+
         with concurrent.futures.ThreadPoolExecutor(2 * workers) as pool:
-            busy = [pool.submit(_stream, url, 24) for _ in range(2 * workers)]
-            assert all(f.result(timeout=120) == ("length", 24) for f in busy)
+            busy = [pool.submit(busy_stream) for _ in range(2 * workers)]
+            assert all(f.result(timeout=120) == ("length", 64) for f in busy)
         stats = httpx.get(f"{url}/admin/policy/stats", headers=ADMIN, timeout=10).json()
         assert stats["admission_waited"] >= workers  # the ones beyond the room held back, then served
     finally:
