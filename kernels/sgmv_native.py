@@ -86,9 +86,6 @@ def group_plan(group: LoRAGroup) -> torch.Tensor:
 
 
 def sgmv_group_native(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, layer: int) -> None:
-    if y.stride(1) == 1 and x.stride(1) == 1:
-        torch.ops.loragate_cpu.sgmv_group_run(y, x, group.native_plan, layer)
-        return
     target = _rows(y)
     torch.ops.loragate_cpu.sgmv_group_run(target, _rows(x), group.native_plan, layer)
     if target is not y:
