@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 from loragate import contracts
+from loragate.cpu_share import threads_per_worker
 from loragate.redis_retry import BACKOFF_CAP_S
 from tests.e2e.stack import Stack
 from tests.redis_process import RedisProcess, redis_process
@@ -57,6 +58,7 @@ def outage_stack(
     with redis_process(persistent) as server:
         (tmp_path / "stack").mkdir()
         stack = Stack(zoo, server.url, tmp_path / "stack")
+        stack.worker_threads = threads_per_worker(len(workers))
         try:
             for w in workers:
                 stack.start_worker(w)
@@ -73,12 +75,22 @@ def complete(url: str, payload: dict[str, object], timeout: float = 60) -> httpx
     return httpx.post(f"{url}/v1/completions", json=payload, headers=KEY, timeout=timeout)
 
 
-def references(url: str, n: int) -> list[str]:
-    """The undisturbed greedy answers, before any outage."""
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        replies = list(pool.map(lambda i: complete(url, body(i), timeout=120), range(n)))
+@pytest.fixture(scope="module")
+def answers() -> dict[int, str]:
+    """The module's undisturbed greedy answers by prompt index, asked once (every test's stack serves the
+    same checkpoint greedily, so one stack's answers are every stack's)."""
+    return {}
+
+
+def references(url: str, n: int, known: dict[int, str]) -> list[str]:
+    """The undisturbed greedy answers to prompts 0..n-1, before any outage; those not in `known` are asked
+    of the stack at `url` now (and added)."""
+    missing = [i for i in range(n) if i not in known]
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(missing))) as pool:
+        replies = list(pool.map(lambda i: complete(url, body(i), timeout=120), missing))
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
-    return [r.json()["choices"][0]["text"] for r in replies]
+    known.update((i, r.json()["choices"][0]["text"]) for i, r in zip(missing, replies, strict=True))
+    return [known[i] for i in range(n)]
 
 
 @dataclass
@@ -162,10 +174,10 @@ def test_a_request_gets_503_at_once_while_redis_is_gone(zoo: ZooPaths, tmp_path:
     ids=["aof-2s", "no-persistence-2s", "no-persistence-long"],
 )
 def test_streams_ride_out_a_redis_crash_and_new_requests_succeed_soon_after(
-    zoo: ZooPaths, tmp_path: Path, persistent: bool, outage_s: float
+    zoo: ZooPaths, tmp_path: Path, answers: dict[int, str], persistent: bool, outage_s: float
 ) -> None:
     with outage_stack(zoo, tmp_path, persistent) as (stack, server):
-        expected = references(stack.url, STREAMS)
+        expected = references(stack.url, STREAMS, answers)
         results = [StreamResult() for _ in range(STREAMS)]
         threads = [
             threading.Thread(target=stream, args=(stack.url, i, results[i]), daemon=True)
@@ -210,11 +222,11 @@ def test_streams_ride_out_a_redis_crash_and_new_requests_succeed_soon_after(
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["aof", "no-persistence"])
 def test_queued_requests_are_served_if_redis_kept_them_else_fail_at_once(
-    zoo: ZooPaths, tmp_path: Path, persistent: bool
+    zoo: ZooPaths, tmp_path: Path, answers: dict[int, str], persistent: bool
 ) -> None:
     """The only worker is stopped (SIGSTOP), so requests wait unread in its queue when Redis crashes."""
     with outage_stack(zoo, tmp_path, persistent, workers=("w1",)) as (stack, server):
-        expected = references(stack.url, 3)
+        expected = references(stack.url, 3, answers)
         worker = stack.workers["w1"]
         os.kill(worker.pid, signal.SIGSTOP)
         # A read the worker had blocked in Redis before it stopped could still take a request (the server

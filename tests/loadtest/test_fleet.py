@@ -87,7 +87,7 @@ def test_a_small_run_reports_real_and_simulated_figures(
     out = tmp_path / "report"
     summary = fleet.main(
         [
-            "--out", str(out), "--requests", "16", "--rate", "4", "--adapters", "6",
+            "--out", str(out), "--requests", "16", "--rate", "8", "--adapters", "6",
             "--profiles", "default,round-robin", "--sim-workers", "8", "--burst-size", "4",
             "--repeats", "2", "--warm-requests", "4",
         ]
