@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import triton  # noqa: F401  # a pinned dependency: a broken install fails here, it does not skip
 
 from kernels.backend import BACKEND_ENV, triton_interpreting
+from tests.children import outputs, started
 from tests.kernels.kernel_testing import INTERPRETER_TESTS, SHARD_ENV
 
 # The children take ~25 s on two busy cores; a hung interpreter fails the test instead of the suite.
@@ -35,27 +34,11 @@ def test_triton_kernels_match_references_under_the_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop(BACKEND_ENV, None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout", *files]
-    children = [
-        subprocess.Popen(
-            command,
-            cwd=here.parent.parent,
-            env={**env, SHARD_ENV: f"{i}/{SHARDS}"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(SHARDS)
-    ]
-    try:
-        deadline = time.monotonic() + CHILD_TIMEOUT_S
-        outputs = [child.communicate(timeout=max(1.0, deadline - time.monotonic())) for child in children]
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+    shards = [(command, {**env, SHARD_ENV: f"{i}/{SHARDS}"}) for i in range(SHARDS)]
+    with started(shards, here.parent.parent) as children:
+        results = outputs(children, CHILD_TIMEOUT_S)
     counts = []
-    for child, (out, err) in zip(children, outputs, strict=True):
+    for child, (out, err) in zip(children, results, strict=True):
         assert child.returncode == 0, out[-8000:] + err[-2000:]
         counts.append({kind: int(n) for n, kind in OUTCOMES.findall(out.strip().splitlines()[-1])})
     # Every shard saw the same tests, ran its own share of them, and together they ran them all.

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import triton  # noqa: F401  # a pinned dependency: a broken install fails here, it does not skip
 
 from kernels.backend import BACKEND_ENV
+from tests.children import outputs, started
 from tests.worker.engine_scenario import PARTS, merged, run_scenario
 from worker.modelzoo.make import ZooPaths
 
@@ -36,30 +35,14 @@ def test_engine_on_triton_kernels_matches_the_torch_kernels(
     zoo: ZooPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", BACKEND_ENV: "triton"}
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.worker.engine_scenario", str(zoo.root), "--graphs", "--part", part],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for part in PARTS
-    ]
-    try:
+    argv = [sys.executable, "-m", "tests.worker.engine_scenario", str(zoo.root), "--graphs", "--part"]
+    with started([([*argv, part], env) for part in PARTS], ROOT) as children:
         monkeypatch.setenv(BACKEND_ENV, "torch")
         expected = merged([run_scenario(zoo, part) for part in PARTS])  # meanwhile, on the torch kernels
-        deadline = time.monotonic() + CHILD_TIMEOUT_S
-        outputs = [child.communicate(timeout=max(1.0, deadline - time.monotonic())) for child in children]
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-    for child, (_, err) in zip(children, outputs, strict=True):
+        results = outputs(children, CHILD_TIMEOUT_S)
+    for child, (_, err) in zip(children, results, strict=True):
         assert child.returncode == 0, err[-4000:]
-    got = merged([json.loads(out.strip().splitlines()[-1]) for out, _ in outputs])
+    got = merged([json.loads(out.strip().splitlines()[-1]) for out, _ in results])
     assert got["triton_modules"] == [
         "kernels.attention_decode_triton",
         "kernels.attention_prefill_triton",
