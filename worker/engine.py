@@ -34,6 +34,7 @@ from worker.engine_events import EngineEvents
 from worker.engine_requests import Tracked, check_request, request_output, track
 from worker.engine_types import Completion, EngineInfo, EngineSnapshot, EngineStats
 from worker.grammar import GuidedDecoding
+from worker.host_memory import keep_freed_memory
 from worker.kv_cache import KVCache, bytes_per_block, kv_budget
 from worker.loader import load_weights
 from worker.logits_processors import process_logits
@@ -56,6 +57,7 @@ class LLMEngine:
         self.model_dir = Path(model_dir)
         self.config = config = config or EngineConfig()
         self.model_config = cfg = load_model_config(self.model_dir)
+        keep_freed_memory()  # each step's large buffers reuse the last step's pages (`worker.host_memory`)
         if is_cuda(config.device) and torch.device(config.device).index is not None:
             # Triton launches on the current device, torch allocates on the named one: make them agree.
             torch.cuda.set_device(torch.device(config.device))
