@@ -34,7 +34,7 @@ from worker.engine_events import EngineEvents
 from worker.engine_requests import Tracked, check_request, request_output, track
 from worker.engine_types import Completion, EngineInfo, EngineSnapshot, EngineStats
 from worker.grammar import GuidedDecoding
-from worker.host_memory import keep_freed_memory
+from worker.host_memory import mapped_allocations
 from worker.kv_cache import KVCache, bytes_per_block, kv_budget
 from worker.loader import load_weights
 from worker.logits_processors import process_logits
@@ -57,7 +57,6 @@ class LLMEngine:
         self.model_dir = Path(model_dir)
         self.config = config = config or EngineConfig()
         self.model_config = cfg = load_model_config(self.model_dir)
-        keep_freed_memory()  # each step's large buffers reuse the last step's pages (`worker.host_memory`)
         if is_cuda(config.device) and torch.device(config.device).index is not None:
             # Triton launches on the current device, torch allocates on the named one: make them agree.
             torch.cuda.set_device(torch.device(config.device))
@@ -66,17 +65,25 @@ class LLMEngine:
             raise ModelLoadError(f"{self.model_dir}: no tokenizer.json (a fast tokenizer is required)")
         self.tokenizer = Tokenizer.from_file(str(tok_path))
         self.max_model_len = min(config.max_model_len or cfg.max_model_len, cfg.max_model_len)
-        weights = load_weights(self.model_dir, cfg, config.dtype, config.device)  # first: the KV pool
-        # may take a share of the memory left
-        budget = kv_budget(
-            cfg, config.kv_cache_bytes, config.max_num_seqs, self.max_model_len, config.dtype, config.device
-        )
-        num_blocks = config.num_kv_blocks or max(
-            1, budget // bytes_per_block(cfg, config.block_size, config.dtype)
-        )
-        graphs = use_graphs(config.cuda_graphs, weights.embed)
-        self.kv = KVCache(cfg, num_blocks, config.block_size, config.dtype, config.device, int(graphs))
-        self.runner = ModelRunner(cfg, weights, self.kv, self.max_model_len)
+        # Weights and KV pool in mappings of their own, returned whole when this engine goes; then every
+        # step's large buffers reuse the last step's pages (`worker.host_memory`).
+        with mapped_allocations():
+            weights = load_weights(self.model_dir, cfg, config.dtype, config.device)  # first: the KV pool
+            # may take a share of the memory left
+            budget = kv_budget(
+                cfg,
+                config.kv_cache_bytes,
+                config.max_num_seqs,
+                self.max_model_len,
+                config.dtype,
+                config.device,
+            )
+            num_blocks = config.num_kv_blocks or max(
+                1, budget // bytes_per_block(cfg, config.block_size, config.dtype)
+            )
+            graphs = use_graphs(config.cuda_graphs, weights.embed)
+            self.kv = KVCache(cfg, num_blocks, config.block_size, config.dtype, config.device, int(graphs))
+            self.runner = ModelRunner(cfg, weights, self.kv, self.max_model_len)
         self.adapters = AdapterCache(
             cfg,
             config.max_loras,

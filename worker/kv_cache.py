@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import mmap
 import os
 from pathlib import Path
 
@@ -91,12 +92,14 @@ def kv_budget(
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    """Zeros; on a CPU as lazily committed zero pages (no write, no page touched, until used)."""
+    """Zeros; on a CPU as lazily committed zero pages (no write, no page touched, until used): an anonymous
+    mapping of its own, whatever malloc's settings (`worker.host_memory`), unmapped when the tensor goes."""
     if is_cuda(device) or torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    raw = torch.from_numpy(np.zeros(math.prod(shape) * itemsize, dtype=np.uint8))
-    return raw.view(dtype).view(shape)
+    pages = mmap.mmap(-1, max(1, math.prod(shape) * itemsize))
+    raw = torch.from_numpy(np.frombuffer(pages, dtype=np.uint8))  # the array holds the mapping
+    return raw[: math.prod(shape) * itemsize].view(dtype).view(shape)
 
 
 class KVCache:
