@@ -34,7 +34,9 @@ def free_port() -> int:
 
 
 class Stack:
-    def __init__(self, zoo: ZooPaths, redis_url: str, workdir: Path, **gateway_config: object):
+    def __init__(
+        self, zoo: ZooPaths, redis_url: str, workdir: Path, *, worker_count: int = 2, **gateway_config: object
+    ):
         self.zoo, self.redis_url, self.workdir = zoo, redis_url, workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -52,11 +54,11 @@ class Stack:
             )
         )
         self.env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
-        # Each worker's share of the cores (`loragate up` gives its workers theirs), for two workers unless
-        # told how many: with every core each, their OpenMP threads spin against each other and every step
-        # is several times slower (12 greedy requests of 160 tokens on two tiny workers, two cores: 17-25 s
-        # with every core each, 2-2.4 s with one each).
-        self.worker_threads = threads_per_worker(2)
+        # Each worker's share of the cores (`loragate up` gives its workers theirs), for `worker_count`
+        # workers on this machine: with every core each, their OpenMP threads spin against each other and
+        # every step is several times slower (12 greedy requests of 160 tokens on two tiny workers, two
+        # cores: 17-25 s with every core each, 2-2.4 s with one each).
+        self.worker_threads = threads_per_worker(worker_count)
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
         if args[:1] == ["worker"] and "--threads" not in args:
@@ -184,8 +186,7 @@ def running_stack(
 ) -> Iterator[Stack]:
     """A stack on a freshly emptied Redis: `workers` (tiny) and a gateway, ready; stopped afterwards."""
     flush_redis(redis_url)
-    s = stack_type(zoo, redis_url, workdir, **gateway_config)
-    s.worker_threads = threads_per_worker(len(workers))
+    s = stack_type(zoo, redis_url, workdir, worker_count=len(workers), **gateway_config)
     try:
         for worker_id in workers:
             s.start_worker(worker_id)

@@ -29,7 +29,6 @@ import httpx
 import pytest
 
 from loragate import contracts
-from loragate.cpu_share import threads_per_worker
 from loragate.redis_retry import BACKOFF_CAP_S
 from tests.e2e.stack import Stack
 from tests.redis_process import RedisProcess, redis_process
@@ -57,8 +56,7 @@ def outage_stack(
 ) -> Iterator[tuple[Stack, RedisProcess]]:
     with redis_process(persistent) as server:
         (tmp_path / "stack").mkdir()
-        stack = Stack(zoo, server.url, tmp_path / "stack")
-        stack.worker_threads = threads_per_worker(len(workers))
+        stack = Stack(zoo, server.url, tmp_path / "stack", worker_count=len(workers))
         try:
             for w in workers:
                 stack.start_worker(w)
