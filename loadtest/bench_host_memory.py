@@ -127,13 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(child(args)))
         return 0
     from loadtest.bench_models import bench_model  # the children need only the checkpoint's directory
+    from loadtest.fleet import rounds as fleet_rounds
 
     model_dir = str(bench_model(args.model, 0, 1).model_dir)
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    order = [mode for _ in range(args.rounds) for mode in MODES]
-    for i, mode in enumerate(tqdm(order, desc="children", file=sys.stderr)):
-        if i % 4 in (2, 3):  # ABBA: neither mode always runs first
-            mode = order[i ^ 1]
+    # Every other round reversed (ABBA): neither mode always runs first.
+    for mode in tqdm(fleet_rounds(list(MODES), args.rounds), desc="children", file=sys.stderr):
         runs[mode].append(run_child(mode, argv, model_dir))
     result: dict[str, Any] = {"model": args.model, "tokens": args.tokens, "decode_seqs": args.decode_seqs}
     keys = ("prefill_ms", "prefill_faults", "prefill_faults_last", "decode_ms", "decode_faults", "maxrss_mb")

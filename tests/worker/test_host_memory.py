@@ -32,6 +32,7 @@ SECOND_ENGINE = f"""
 import gc, sys
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
+from worker.kv_cache import bytes_per_block
 
 
 def resident_mb():
@@ -40,7 +41,7 @@ def resident_mb():
 
 first = LLMEngine(sys.argv[1], EngineConfig(num_kv_blocks=64))
 before = resident_mb()
-block_mb = first.kv.k[0, 0].numel() * first.kv.k.element_size() * first.kv.k.shape[0] * 2 / 2**20
+block_mb = bytes_per_block(first.model_config, first.config.block_size, first.config.dtype) / 2**20
 second = LLMEngine(sys.argv[1], EngineConfig(num_kv_blocks=int({POOL_MB} / block_mb)))
 second.kv.k.fill_(1.0)
 second.kv.v.fill_(1.0)
