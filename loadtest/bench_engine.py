@@ -200,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--check-sample", type=int, default=6, help="requests compared with HF+peft")
     parser.add_argument("--max-loras", type=int, default=16)
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=EngineConfig().max_num_seqs, help="the engines' running-batch cap"
+    )
     parser.add_argument("--skip-hf", action="store_true", help="loragate only (hf figures are null)")
     parser.add_argument(
         "--rounds",
@@ -225,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = EngineConfig(
         adapters=adapters,
         max_loras=args.max_loras,
+        max_num_seqs=args.max_num_seqs,
         device=device,
         dtype=dtype,
         warmup=warmup,
@@ -310,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "preemptions": stats.preemptions,
         "engine_steps": stats.steps,
         "threads": torch.get_num_threads(),
+        "max_num_seqs": config.max_num_seqs,
         # The engines' warm-ups (LoRA engine's figures); the Triton variants compiled by the first engine's
         # warm-up and by everything after it (both engines' request warm-ups and runs: 0 = the warm-up
         # covered every shape the workload met).

@@ -69,9 +69,11 @@ def test_bench_engine_rounds_alternate_the_engines(capsys: pytest.CaptureFixture
 
 def test_bench_engine_with_the_engines_warm_up(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--model", "tiny", "--requests", "4", "--adapters", "2", "--skip-hf", "--check-sample", "1"]
-    assert bench_engine.main([*argv, "--warmup", "on"]) == 0
+    # A batch cap of 4 (the workload's size) keeps the warm-up's ladder short: batches of 1, 2 and 4.
+    assert bench_engine.main([*argv, "--warmup", "on", "--max-num-seqs", "4"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["warmup_s"] > 0 and result["warmup_steps"] > 0
+    assert result["max_num_seqs"] == 4
     assert result["tokens_match"] is True and result["hf_peft_tok_s"] is None
     # No decode graphs on a CPU by default (`--cuda-graphs auto`).
     assert result["cuda_graphs"] is False and result["graphs_captured"] == 0

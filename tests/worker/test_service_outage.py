@@ -319,6 +319,10 @@ def test_an_entry_read_by_a_lost_reply_is_started_even_when_the_worker_is_full(
         client.client_pause(1000)  # the worker's next command times out: it re-syncs when Redis answers
         wait_for(lambda: service.outages > outages, 30, "the re-sync")
         assert service.intake.room() <= 0 and "runs" in service.active  # it was full all along
+        wait_for(lambda: "stranded" in service.active, 30, "the stranded entry taken by the full worker")
+        # Its length only kept the worker full; cancelled, it makes room for the stranded one (one at a time).
+        client.publish(contracts.CANCEL, "runs")
+        assert collect(client, "runs")[-1].finish_reason == "abort"
         events = collect(client, "stranded", timeout=60)
         assert events[-1].completion_tokens == 4
     client.close()
