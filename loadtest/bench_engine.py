@@ -12,7 +12,7 @@ longest member, and the extra tokens are not counted. `tokens_match` checks the 
 against a per-request HF+peft reference on a sample. The last line printed is one JSON object.
 
     python -m loadtest.bench_engine [--model tiny|small|smollm2] [--requests 128] [--hf-batch-size 32]
-        [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
+        [--max-num-seqs 128] [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
 
 `--rounds N` times each loragate engine N times, alternated ABBA (figures: each one's median run); then
 both serve the workload at once, a step of each in turn, each timed on its own steps

@@ -430,16 +430,21 @@ def test_a_request_whose_client_leaves_while_it_is_queued_never_runs(
                     assert time.monotonic() < deadline, queued_ids(r)
                     await asyncio.sleep(0.1)
                 async with httpx.AsyncClient(base_url=stack.url, timeout=3) as quick:
-                    for rid in victims:
-                        qid = contracts.scoped_request_id("bob", rid)
-                        req = body(prompt, 16, False)
-                        leaver = asyncio.ensure_future(
-                            quick.post("/v1/completions", json=req, headers=headers("bob", rid))
+                    qids = [contracts.scoped_request_id("bob", rid) for rid in victims]
+                    leavers = [  # all at once: each waits out the same read timeout
+                        asyncio.ensure_future(
+                            quick.post(
+                                "/v1/completions", json=body(prompt, 16, False), headers=headers("bob", rid)
+                            )
                         )
-                        await asyncio.to_thread(wait_until, lambda q=qid: queued_ids(r).get(q) is False)
+                        for rid in victims
+                    ]
+                    queued = lambda: all(queued_ids(r).get(q) is False for q in qids)  # noqa: E731
+                    await asyncio.to_thread(wait_until, queued)
+                    for leaver in leavers:
                         with pytest.raises(httpx.ReadTimeout):  # queued, unread: the client gives up
                             await leaver
-                        await asyncio.to_thread(wait_until, lambda q=qid: q not in queued_ids(r))
+                    await asyncio.to_thread(wait_until, lambda: not set(qids) & set(queued_ids(r)))
                 for rid in victims:
                     events = output_events(r, "bob", rid)
                     assert [e.finish_reason for e in events] == ["abort"] and not events[0].token_ids
