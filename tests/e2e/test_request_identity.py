@@ -439,7 +439,10 @@ def test_a_request_whose_client_leaves_while_it_is_queued_never_runs(
                         )
                         for rid in victims
                     ]
-                    queued = lambda: all(queued_ids(r).get(q) is False for q in qids)  # noqa: E731
+
+                    def queued() -> bool:  # every leaver's entry in a queue, unread
+                        return all(queued_ids(r).get(q) is False for q in qids)
+
                     await asyncio.to_thread(wait_until, queued)
                     for leaver in leavers:
                         with pytest.raises(httpx.ReadTimeout):  # queued, unread: the client gives up
