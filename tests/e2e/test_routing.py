@@ -51,7 +51,15 @@ def test_adapter_requests_go_where_the_adapter_is_resident(stack: Stack) -> None
     stack.wait_idle()
     first = complete(stack, "x = 1", model="tiny:o-down-r16")
     resident = first.headers["x-loragate-worker"]
-    time.sleep(1.5)  # heartbeat + adapter events
+    deadline = time.monotonic() + 15  # the worker's next heartbeat reports the adapter on its device
+    while True:
+        # (reading the fleet here refreshes the gateway's own view, which routing uses)
+        workers = httpx.get(f"{stack.url}/admin/workers", headers=ADMIN).json()["workers"]
+        on_device = [a for w in workers if w["worker_id"] == resident for a in w["adapters_device"]]
+        if any(a.endswith("o-down-r16") for a in on_device) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert any(a.endswith("o-down-r16") for a in on_device), workers
     for i in range(3):
         resp = complete(stack, f"unrelated prompt {i} " * 3, model="tiny:o-down-r16")
         assert resp.headers["x-loragate-worker"] == resident
