@@ -9,6 +9,7 @@ import time
 import httpx
 
 from tests.e2e.stack import ADMIN_TOKEN, Stack
+from tests.waiting import wait_for
 
 KEY = {"Authorization": "Bearer sk-test-alice"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -51,15 +52,15 @@ def test_adapter_requests_go_where_the_adapter_is_resident(stack: Stack) -> None
     stack.wait_idle()
     first = complete(stack, "x = 1", model="tiny:o-down-r16")
     resident = first.headers["x-loragate-worker"]
-    deadline = time.monotonic() + 15  # the worker's next heartbeat reports the adapter on its device
-    while True:
-        # (reading the fleet here refreshes the gateway's own view, which routing uses)
+
+    def on_device() -> bool:  # reading the fleet refreshes the gateway's own view, which routing uses
         workers = httpx.get(f"{stack.url}/admin/workers", headers=ADMIN).json()["workers"]
-        on_device = [a for w in workers if w["worker_id"] == resident for a in w["adapters_device"]]
-        if any(a.endswith("o-down-r16") for a in on_device) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert any(a.endswith("o-down-r16") for a in on_device), workers
+        device = [a for w in workers if w["worker_id"] == resident for a in w["adapters_device"]]
+        return any(a.endswith("o-down-r16") for a in device)
+
+    wait_for(
+        on_device, "the worker's heartbeat to report the adapter on its device", timeout=15, interval=0.2
+    )
     for i in range(3):
         resp = complete(stack, f"unrelated prompt {i} " * 3, model="tiny:o-down-r16")
         assert resp.headers["x-loragate-worker"] == resident
