@@ -24,12 +24,18 @@ process is SIGKILLed).
 
     python -m loadtest.bench_serve --concurrency 32,64 [--model tiny|small|smollm2] [--requests 128]
         [--adapters 16] [--max-tokens N] [--max-loras 16] [--device auto|cpu|cuda[:N]]
-        [--dtype auto|float32|bfloat16]
+        [--dtype auto|float32|bfloat16] [--vllm-python PATH]
+
+With `--vllm-python` (or `$LORAGATE_VLLM_PYTHON`: an interpreter that has vLLM, see `loadtest.bench_vllm`)
+each level then runs again through vLLM's OpenAI server on the same model and adapters, after the same
+warm-up, by the same clients (`loadtest.vllm_server`).
 
 The last line printed is one JSON object: the workload, `offline_tok_s`, and per concurrency
 `serve_tok_s`, `offline_tok_s`, `serve_vs_offline`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`, `itl_p99_ms`,
 `errors`, `requests` (and `tpot_p50_ms`, the median per-request mean ITL, `wall_s`, `refusals_429`,
-`error_kinds`, and `cpu_s`: CPU seconds the worker, gateway, Redis and clients used during the level).
+`error_kinds`, and `cpu_s`: CPU seconds the worker, gateway, Redis and clients used during the level);
+with vLLM also `vllm` (its `serve_tok_s`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`, `itl_p99_ms`,
+`errors`, `wall_s`), `ttft_p50_vs_vllm` and `serve_tok_s_vs_vllm`.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from loadtest.bench_models import BenchModel, bench_model, run_header
 from loadtest.procs import BenchError, CPUMeter, raise_fd_limit
 from loadtest.serve_clients import StreamStats, run_clients, summarize
 from loadtest.serve_stack import API_KEY, ServeStack
+from loadtest.vllm_server import served_vllm, vllm_figures
 from loadtest.workload import make_workload
 from loragate.types import Request, SamplingParams
 from worker.config import EngineConfig
@@ -80,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-tokens", type=int, help="cap each request's output tokens (quick runs, tests)")
     p.add_argument("--max-loras", type=int, default=16, help="adapter slots, offline and in the worker")
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("LORAGATE_VLLM_PYTHON"),
+        help="also serve each level through vLLM's OpenAI server in this interpreter (loadtest.vllm_server)",
+    )
     add_device_args(p)
     return p
 
@@ -213,10 +225,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_level: dict[str, Any] = {}
     for concurrency in levels:
         results, wall, cpu = served(bench, args.model, flags, warm, requests, concurrency)
-        per_level[str(concurrency)] = {
-            **summarize(results, wall, closed[concurrency], offline_tok_s),
-            "cpu_s": cpu,
-        }
+        level = {**summarize(results, wall, closed[concurrency], offline_tok_s), "cpu_s": cpu}
+        if args.vllm_python:  # the same warm-up and clients against vLLM's server, right after
+            log = Path(tempfile.gettempdir()) / f"bench-serve-vllm-{os.getpid()}-{concurrency}.log"
+            dtype_spec = str(dtype).removeprefix("torch.")
+            runs = served_vllm(
+                args.vllm_python, bench.model_dir, args.model, bench.adapters, dtype_spec, warm, requests,
+                concurrency, log,
+            )  # fmt: skip
+            level["vllm"] = vllm = vllm_figures(*runs)
+            level["ttft_p50_vs_vllm"] = round(level["ttft_p50_ms"] / vllm["ttft_p50_ms"], 3)
+            level["serve_tok_s_vs_vllm"] = round(level["serve_tok_s"] / vllm["serve_tok_s"], 3)
+        per_level[str(concurrency)] = level
     result = {
         **run_header(args.model, device, dtype, requests),
         "adapters": len(bench.adapters),
