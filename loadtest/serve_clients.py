@@ -171,23 +171,34 @@ async def run_clients(
 
 
 def summarize(
-    results: list[StreamStats], wall_s: float, offline_tok_s: float, all_at_once_tok_s: float
+    results: list[StreamStats],
+    wall_s: float,
+    offline_tok_s: float | None = None,
+    all_at_once_tok_s: float | None = None,
 ) -> dict[str, Any]:
-    """The figures of one concurrency level (the keys issue 15 names, and a few for context)."""
+    """The figures of one concurrency level (the keys issue 15 names, and a few for context); those that
+    compare with the offline engine only when its figures are given."""
     tokens = sum(r.tokens for r in results)
     ttft = [r.ttft_s for r in results if r.ttft_s is not None]
     itl = [gap for r in results for gap in r.itl_s]
     per_request = [sum(r.itl_s) / len(r.itl_s) for r in results if r.itl_s]
     serve_tok_s = tokens / wall_s
     errors = Counter(r.error for r in results if r.error is not None)
+    offline = (
+        {
+            "offline_tok_s": round(offline_tok_s, 1),
+            "serve_vs_offline": round(serve_tok_s / offline_tok_s, 3),
+            "serve_vs_offline_all_at_once": round(serve_tok_s / all_at_once_tok_s, 3),
+        }
+        if offline_tok_s and all_at_once_tok_s
+        else {}
+    )
     return {
         "requests": len(results),
         "output_tokens": tokens,
         "wall_s": round(wall_s, 2),
         "serve_tok_s": round(serve_tok_s, 1),
-        "offline_tok_s": round(offline_tok_s, 1),
-        "serve_vs_offline": round(serve_tok_s / offline_tok_s, 3),
-        "serve_vs_offline_all_at_once": round(serve_tok_s / all_at_once_tok_s, 3),
+        **offline,
         "ttft_p50_ms": ms(pct(ttft, 50)),
         "ttft_p99_ms": ms(pct(ttft, 99)),
         "itl_p50_ms": ms(pct(itl, 50)),

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from loadtest.bench_vllm import DEFAULT_KV_GB, vllm_env
-from loadtest.procs import BenchError, free_port, ms, pct
-from loadtest.serve_clients import StreamStats, run_clients
+from loadtest.procs import BenchError, free_port
+from loadtest.serve_clients import StreamStats, run_clients, summarize
 from loragate.proc import spawn
 from loragate.types import Request
 
@@ -111,15 +111,7 @@ def served_vllm(
 
 
 def vllm_figures(results: list[StreamStats], wall_s: float) -> dict[str, Any]:
-    """A vLLM level's figures, under the names `serve_clients.summarize` gives loragate's."""
-    ttft = [r.ttft_s for r in results if r.ttft_s is not None]
-    itl = [gap for r in results for gap in r.itl_s]
-    return {
-        "serve_tok_s": round(sum(r.tokens for r in results) / wall_s, 1),
-        "ttft_p50_ms": ms(pct(ttft, 50)),
-        "ttft_p99_ms": ms(pct(ttft, 99)),
-        "itl_p50_ms": ms(pct(itl, 50)),
-        "itl_p99_ms": ms(pct(itl, 99)),
-        "errors": sum(r.error is not None for r in results),
-        "wall_s": round(wall_s, 2),
-    }
+    """A vLLM level's figures, under the names loragate's have (`serve_clients.summarize`)."""
+    keys = ("serve_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "errors", "wall_s")
+    figures = summarize(results, wall_s)
+    return {key: figures[key] for key in keys}

@@ -17,6 +17,8 @@ import pytest
 
 from loadtest import bench_vllm
 from loadtest.hf_reference import HFReference
+from loadtest.serve_clients import StreamStats, summarize
+from loadtest.vllm_server import vllm_figures
 
 
 def test_both_engines_get_the_same_requests_and_a_warm_up_that_loads_every_adapter() -> None:
@@ -139,3 +141,16 @@ def test_the_whole_comparison_against_vllm(capsys: pytest.CaptureFixture[str]) -
     # different orders, so a near-tie may go either way).
     assert result["base_tokens_match_vllm"] >= result["requests"] // 2
     assert result["lora_tokens_match_vllm"] >= result["requests"] // 2
+
+
+def test_a_vllm_level_is_summarized_under_loragates_names_without_offline_figures() -> None:
+    results = [
+        StreamStats(ttft_s=0.1, itl_s=[0.02, 0.04], tokens=3),
+        StreamStats(ttft_s=0.3, itl_s=[0.06], tokens=2, error="incomplete"),
+    ]
+    figures = vllm_figures(results, wall_s=2.0)
+    assert figures["serve_tok_s"] == 2.5 and figures["errors"] == 1 and figures["wall_s"] == 2.0
+    assert figures["ttft_p50_ms"] == 200.0 and figures["itl_p50_ms"] == 40.0
+    assert "offline_tok_s" not in summarize(results, 2.0) and "serve_vs_offline" in summarize(
+        results, 2.0, 4, 5
+    )
