@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import threading
 import time
 
 import httpx
@@ -229,8 +230,13 @@ def test_fifty_concurrent_streams_across_two_adapters_complete(stack: Stack, off
 
 
 def _stream_text(
-    url: str, body: dict[str, object], request_id: str | None = None, first_worker: list[str] | None = None
+    url: str,
+    body: dict[str, object],
+    request_id: str | None = None,
+    first_worker: list[str] | None = None,
+    streaming: threading.Event | None = None,
 ) -> tuple[str, str | None]:
+    """Stream a completion and return its text and finish reason; `streaming` is set at the first text."""
     headers = {"Authorization": f"Bearer {KEY}"}
     if request_id:
         headers["X-Request-Id"] = request_id
@@ -245,6 +251,8 @@ def _stream_text(
                 if choice:
                     text += choice[0]["text"]
                     finish = choice[0]["finish_reason"] or finish
+                    if streaming is not None and text:
+                        streaming.set()
     return text, finish
 
 
@@ -286,15 +294,17 @@ def test_gateway_restart_loses_no_queued_request(stack: Stack) -> None:
     finished meanwhile, relayed again, not redone: the requests sample (temperature 1, no seed), so a
     second generation would draw other tokens, and their output streams must gain no entry."""
     prompts = [f"# step {i}\nfor x in " for i in range(4)]
-    body = {"model": "tiny", "max_tokens": 60, "temperature": 1.0, "stream": True, "ignore_eos": True}
+    body = {"model": "tiny", "max_tokens": 240, "temperature": 1.0, "stream": True, "ignore_eos": True}
     ids = [f"restart-test-{i}-{time.monotonic_ns()}" for i in range(4)]
+    streaming = [threading.Event() for _ in ids]
     stack.wait_idle()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = [
-            pool.submit(_stream_text, stack.url, {**body, "prompt": p}, rid)
-            for p, rid in zip(prompts, ids, strict=True)
+            pool.submit(_stream_text, stack.url, {**body, "prompt": p}, rid, None, started)
+            for p, rid, started in zip(prompts, ids, streaming, strict=True)
         ]
-        time.sleep(0.5)
+        for started in streaming:  # every stream is mid-generation (240 tokens take seconds) at the kill
+            assert started.wait(timeout=60), "a stream never started"
         stack.kill_gateway()  # clients lose their connections; the requests stay queued in Redis
         for f in futures:
             with pytest.raises(httpx.HTTPError):
@@ -304,7 +314,7 @@ def test_gateway_restart_loses_no_queued_request(stack: Stack) -> None:
     stack.wait_ready(workers=2)
     for prompt, rid in zip(prompts, ids, strict=True):
         events = [event for _, event in stored[rid]]
-        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 60
+        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 240
         for _ in range(2):  # the clients retry with the same request id (twice: still nothing new)
             text, finish = _stream_text(stack.url, {**body, "prompt": prompt}, rid)
             assert finish == "length" and text == "".join(e.text for e in events)
