@@ -233,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dtype=dtype,
         warmup=warmup,
         cuda_graphs=SWITCH[args.cuda_graphs],
+        kv_prefault=True,  # as `loragate worker` runs it
     )
     compiled = [total_variants()]
     engine = LLMEngine(model_dir, config)

@@ -120,6 +120,7 @@ def worker_flags(config: EngineConfig, args: argparse.Namespace) -> list[str]:
         *("--max-loras", str(config.max_loras), "--max-num-seqs", str(config.max_num_seqs)),
         *("--max-num-batched-tokens", str(config.max_num_batched_tokens)),
         *(("--kv-cache-mb", str(config.kv_cache_bytes // 1024**2)) if config.kv_cache_bytes else ()),
+        *("--kv-prefault", "on" if config.kv_prefault else "off"),
         *("--device", args.device, "--dtype", args.dtype),
     ]
 
@@ -219,7 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     raise_fd_limit()
     bench = bench_model(args.model, args.adapters, args.requests)
-    config = EngineConfig(adapters=bench.adapters, max_loras=args.max_loras, device=device, dtype=dtype)
+    config = EngineConfig(
+        adapters=bench.adapters, max_loras=args.max_loras, device=device, dtype=dtype, kv_prefault=True
+    )  # as its workers run
     requests, warm, offline_tok_s, closed = offline(bench, config, args.max_tokens, max(levels), levels)
     flags = worker_flags(config, args)
     per_level: dict[str, Any] = {}

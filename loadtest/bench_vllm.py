@@ -134,8 +134,12 @@ def loragate_child(job: dict[str, Any]) -> dict[str, Any]:
     from worker.engine import LLMEngine
 
     adapters = {n: Path(p) for n, p in job["adapters"].items()} if job["lora"] else {}
-    config = EngineConfig(
-        adapters=adapters, max_loras=max(len(adapters), 1), device="cpu", dtype=DTYPES[job["dtype"]]
+    config = EngineConfig(  # the pool committed at start, as `loragate worker` does (and vLLM)
+        adapters=adapters,
+        max_loras=max(len(adapters), 1),
+        device="cpu",
+        dtype=DTYPES[job["dtype"]],
+        kv_prefault=True,
     )
     engine = LLMEngine(job["model_dir"], config)
 

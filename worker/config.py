@@ -88,6 +88,9 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_bytes: int | None = None
+    # Commit a CPU KV pool's pages at start rather than at first write (`worker.kv_cache`): `loragate
+    # worker` does; off here, so that the many short-lived engines of tests and tools start at once.
+    kv_prefault: bool = False
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None

@@ -82,7 +82,15 @@ class LLMEngine:
                 1, budget // bytes_per_block(cfg, config.block_size, config.dtype)
             )
             graphs = use_graphs(config.cuda_graphs, weights.embed)
-            self.kv = KVCache(cfg, num_blocks, config.block_size, config.dtype, config.device, int(graphs))
+            self.kv = KVCache(
+                cfg,
+                num_blocks,
+                config.block_size,
+                config.dtype,
+                config.device,
+                int(graphs),
+                config.kv_prefault,
+            )
             self.runner = ModelRunner(cfg, weights, self.kv, self.max_model_len)
         self.adapters = AdapterCache(
             cfg,

@@ -11,14 +11,25 @@ SmolLM2's fp32 tokens where 128 sequences needed 30,000).
 On a CPU the pool is allocated as untouched zero pages (`numpy.zeros` is `calloc`): memory is committed
 only as blocks are written, so a large pool costs nothing up front, and slots not yet written read as
 zeros (the torch decode path multiplies masked slots by a zero probability, which needs them finite).
+
+Committing the pool up front (`EngineConfig.kv_prefault`, on in `loragate worker`): first writes are slow
+(on a VM ~2 s per GiB, a host-side fault behind each guest page), and a lazily committed pool pays them in
+the first minutes of serving, on the token path; vLLM zeroes its pool at start. `prefault` commits every
+page at construction instead (`MADV_POPULATE_WRITE`, Linux 5.14+, which leaves the contents alone; else by
+writing the zeros), so the cost moves to start-up and a pool the machine cannot hold fails there, not
+when it fills mid-service.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import logging
 import math
 import mmap
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +44,8 @@ log = logging.getLogger(__name__)
 GPU_FREE_FRACTION = 0.85
 CPU_AVAILABLE_FRACTION = 0.25
 MIN_KV_BYTES = 64 * 1024**2
+MADV_POPULATE_WRITE = 23  # <linux/mman.h>, Linux 5.14+
+PREFAULT_CHUNK = 256 * 1024**2
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -102,6 +115,41 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Ten
     return raw[: math.prod(shape) * itemsize].view(dtype).view(shape)
 
 
+def _madvise() -> ctypes._FuncPointer:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    fn = libc.madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def prefault(tensors: list[torch.Tensor]) -> int:
+    """Commit every page of these CPU tensors now (see the module docstring), keeping their contents;
+    returns the bytes committed. Each tensor is contiguous and starts on a page (as `_zeros` makes them)."""
+    madvise: ctypes._FuncPointer | None = _madvise()
+    page = mmap.PAGESIZE
+    done = 0
+    for t in tensors:
+        if t.device.type != "cpu" or t.data_ptr() % page or not t.is_contiguous():
+            raise ValueError("prefault takes contiguous, page-aligned CPU tensors")
+        flat = t.view(-1).view(torch.uint8)
+        for start in range(0, flat.numel(), PREFAULT_CHUNK):
+            n = min(PREFAULT_CHUNK, flat.numel() - start)
+            if (
+                madvise is not None
+                and madvise(flat.data_ptr() + start, (n + page - 1) // page * page, MADV_POPULATE_WRITE) != 0
+            ):
+                if ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):  # EINVAL: a kernel before 5.14
+                    raise OSError(
+                        ctypes.get_errno(), f"madvise(MADV_POPULATE_WRITE): {os.strerror(ctypes.get_errno())}"
+                    )
+                madvise = None
+            if madvise is None:
+                flat[start : start + n].zero_()  # only at construction: nothing lives in the pool yet
+            done += n
+    return done
+
+
 class KVCache:
     """`num_blocks` blocks for sequences, plus `spare_blocks` after them that no sequence is ever given: a
     padded batch's dummy rows write their keys and values there (`pad_slot`, `worker.decode_graphs`)."""
@@ -114,10 +162,15 @@ class KVCache:
         dtype: torch.dtype,
         device: str,
         spare_blocks: int = 0,
+        prefault_pages: bool = False,
     ):
         shape = (cfg.num_layers, num_blocks + spare_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k = _zeros(shape, dtype, device)
         self.v = _zeros(shape, dtype, device)
+        if prefault_pages and self.k.device.type == "cpu":  # a GPU's `torch.zeros` has written its pool
+            t0 = time.perf_counter()
+            done = prefault([self.k, self.v])
+            log.info("KV cache: %.0f MiB committed in %.1f s", done / 2**20, time.perf_counter() - t0)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.spare_blocks = spare_blocks

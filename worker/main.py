@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache size (default: what --max-num-seqs full-length sequences need, capped at 85%% of free "
         "GPU memory or 25%% of available host memory)",
     )
+    p.add_argument(
+        "--kv-prefault",
+        choices=("on", "off"),
+        default="on",
+        help="on a CPU, commit the KV pool's memory at start (default), not as the first requests write it",
+    )
     add_device_args(p)
     p.add_argument(
         "--threads",
@@ -87,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_bytes=args.kv_cache_mb * 1024**2 if args.kv_cache_mb else None,
+            kv_prefault=args.kv_prefault == "on",
             device=device,
             dtype=dtype,
             warmup=SWITCH[args.warmup],

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,62 @@ def test_a_cpu_pool_reads_as_zeros_and_is_not_committed_up_front(zoo_tiny: Path,
     assert not kv.k[:, :: max(1, blocks // 7)].any() and not kv.v[:, -1].any()
     kv.k[0, 3] = 1.0  # writable
     assert kv.k[0, 3].all()
+
+
+def _resident(t: torch.Tensor) -> float:
+    """The share of `t`'s pages in memory (`mincore`)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    page = 4096
+    start = t.data_ptr() // page * page
+    length = t.data_ptr() + t.numel() * t.element_size() - start
+    pages = (length + page - 1) // page
+    vec = (ctypes.c_ubyte * pages)()
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec) / pages
+
+
+@pytest.mark.parametrize("populate", [True, False], ids=["madvise", "writing-zeros"])
+def test_a_prefaulted_pool_is_committed_at_start_and_keeps_its_contents(
+    zoo_tiny: Path, monkeypatch: pytest.MonkeyPatch, populate: bool
+) -> None:
+    if not populate:  # a kernel before 5.14 answers MADV_POPULATE_WRITE with EINVAL: zeros are written
+        real = kv_cache._madvise()
+
+        def old_kernel(addr: int, length: int, advice: int) -> int:
+            if advice == kv_cache.MADV_POPULATE_WRITE:
+                ctypes.set_errno(errno.EINVAL)
+                return -1
+            return int(real(addr, length, advice))
+
+        monkeypatch.setattr(kv_cache, "_madvise", lambda: old_kernel)
+    cfg = load_model_config(zoo_tiny)
+    blocks = (256 * 2**20) // bytes_per_block(cfg, 16, torch.float32)  # 256 MiB: past one prefault chunk
+    kv = KVCache(cfg, blocks, 16, torch.float32, "cpu", prefault_pages=True)
+    assert _resident(kv.k) == _resident(kv.v) == 1.0  # every page is in memory now
+    assert not kv.k[:, :: max(1, blocks // 7)].any() and not kv.v[:, -1].any()
+    kv.k[1, 5] = 2.5
+    kv.v[-1, -1] = -1.0
+    if populate:  # the populate path never writes: a live pool's contents survive it
+        assert kv_cache.prefault([kv.k, kv.v]) == 256 * 2**20
+        assert (kv.k[1, 5] == 2.5).all() and (kv.v[-1, -1] == -1.0).all()
+        assert int(kv.k.ne(0).sum()) == kv.k[1, 5].numel()
+
+
+def test_prefault_refuses_what_it_cannot_commit_whole() -> None:
+    with pytest.raises(ValueError, match="page-aligned"):
+        kv_cache.prefault([torch.zeros(1 << 20)[1:]])  # not on a page boundary
+
+
+def test_an_engine_commits_its_pool_when_asked(zoo_tiny: Path) -> None:
+    lazy = LLMEngine(zoo_tiny, EngineConfig(kv_cache_bytes=64 * 2**20))
+    assert _resident(lazy.kv.k) < 0.05
+    eager = LLMEngine(zoo_tiny, EngineConfig(kv_cache_bytes=64 * 2**20, kv_prefault=True))
+    assert _resident(eager.kv.k) == _resident(eager.kv.v) == 1.0
+
+
+def test_the_worker_commits_its_pool_by_default() -> None:
+    from worker.main import build_parser
+
+    assert build_parser().parse_args(["--model", "m"]).kv_prefault == "on"
+    assert build_parser().parse_args(["--model", "m", "--kv-prefault", "off"]).kv_prefault == "off"
