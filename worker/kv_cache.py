@@ -8,7 +8,7 @@ the memory available to this process (the host's, or its container's cgroup limi
 pool was the first cause of preemptions on a real model (issue 15: a 512 MiB pool held 11,600 of
 SmolLM2's fp32 tokens where 128 sequences needed 30,000).
 
-On a CPU the pool is allocated as untouched zero pages (`numpy.zeros` is `calloc`): memory is committed
+On a CPU the pool is allocated as untouched zero pages (a private anonymous mapping): memory is committed
 only as blocks are written, so a large pool costs nothing up front, and slots not yet written read as
 zeros (the torch decode path multiplies masked slots by a zero probability, which needs them finite).
 
@@ -105,12 +105,14 @@ def kv_budget(
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    """Zeros; on a CPU as lazily committed zero pages (no write, no page touched, until used): an anonymous
-    mapping of its own, whatever malloc's settings (`worker.host_memory`), unmapped when the tensor goes."""
+    """Zeros; on a CPU as lazily committed zero pages (no write, no page touched, until used): a private
+    anonymous mapping of its own, whatever malloc's settings (`worker.host_memory`), unmapped when the
+    tensor goes. Private, not `mmap`'s default shared: a forked child writes into copies, never into this
+    process's pool, and the pages are ordinary process memory, not shmem."""
     if is_cuda(device) or torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    pages = mmap.mmap(-1, max(1, math.prod(shape) * itemsize))
+    pages = mmap.mmap(-1, max(1, math.prod(shape) * itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     raw = torch.from_numpy(np.frombuffer(pages, dtype=np.uint8))  # the array holds the mapping
     return raw[: math.prod(shape) * itemsize].view(dtype).view(shape)
 

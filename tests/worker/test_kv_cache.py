@@ -133,3 +133,18 @@ def test_the_worker_commits_its_pool_by_default() -> None:
 
     assert build_parser().parse_args(["--model", "m"]).kv_prefault == "on"
     assert build_parser().parse_args(["--model", "m", "--kv-prefault", "off"]).kv_prefault == "off"
+
+
+def test_a_cpu_pool_is_private_memory(zoo_tiny: Path) -> None:
+    """Not shared with a forked child (`mmap`'s default for an anonymous map is shared)."""
+    cfg = load_model_config(zoo_tiny)
+    kv = KVCache(cfg, 64, 16, torch.float32, "cpu")
+    for t in (kv.k, kv.v):
+        addr = t.data_ptr()
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                assert line.split()[1] == "rw-p", line
+                break
+        else:
+            raise AssertionError("the pool's mapping is not in /proc/self/maps")
