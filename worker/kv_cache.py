@@ -129,7 +129,7 @@ def prefault(tensors: list[torch.Tensor]) -> int:
     """Commit every page of these CPU tensors now (see the module docstring); returns the bytes committed.
     Each tensor is contiguous and starts on a page (as `_zeros` makes them). With `MADV_POPULATE_WRITE`
     their contents stay as they are; a kernel without it gets zeros written, so call this only on a pool
-    that holds nothing yet. A machine that cannot give the memory raises `OSError` (ENOMEM) here."""
+    that holds nothing yet. A failure to commit (ENOMEM, or the OOM killer) happens here, at start."""
     madvise: ctypes._FuncPointer | None = _madvise()
     page = mmap.PAGESIZE
     done = 0
