@@ -32,6 +32,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import IO, Any
@@ -168,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(variants) < 2 or args.rounds < 1 or args.slice < 1:
         parser.error("name at least two --variant, and --rounds and --slice of at least 1")
     names = list(variants)
-    job_file = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bench-cpu-runtime-{os.getpid()}.json")
+    job_file = os.path.join(tempfile.gettempdir(), f"bench-cpu-runtime-{os.getpid()}.json")
     with open(job_file, "w") as f:
         json.dump(make_job(args), f)
     procs: dict[str, subprocess.Popen[str]] = {}
