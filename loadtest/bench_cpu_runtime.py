@@ -184,9 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stdout=subprocess.PIPE,
                 text=True,
             )
-            threads[name] = int(
-                _reply(procs[name], name, "READY")
-            )  # one at a time: a loading child would slow the others
+            # one at a time: a loading child would slow the others
+            threads[name] = int(_reply(procs[name], name, "READY"))
         for r in tqdm(range(args.rounds), desc="rounds", file=sys.stderr):
             for name in names if r % 2 == 0 else names[::-1]:
                 stdin = procs[name].stdin
