@@ -9,29 +9,64 @@ and 1.1–2× in bfloat16 on this project's machines (the `linear` cases of
 equal `F.linear`'s up to float rounding (the sum order differs; no reduced precision is used: oneDNN's
 fp32 math mode stays strict).
 
-Anywhere else (CUDA, float16, the `torch` backend, a CPU without bf16 support for a bf16 weight) the
-weight stays as it is and `linear` is `F.linear`. Which one runs is decided by the weight's layout, so a
-packed model and a plain one can coexist in one process.
+A bfloat16 weight on a CPU without bf16 units (no AVX512-BF16, no AMX) is **widened**: packed as the
+float32 it holds exactly, and `linear` multiplies the bf16 rows in float32 and rounds the result to
+bf16 once. That is what a bf16 matmul computes (bf16 × bf16 products are exact in fp32, summed in fp32,
+rounded at the end); oneDNN's own bf16 matmul there emulates the bf16 units and runs 2–3.7× slower than
+the fp32 one (`python -m loadtest.bench_kernels --backend native`, `linear` cases; 30 SmolLM2 layers at
+128 rows: 450 ms against 132 ms widened, Ice Lake). The cost is the weights' memory, twice bf16's.
+`LORAGATE_CPU_BF16_LINEAR` chooses: `auto` (widen only without bf16 units), `widen` or `native`.
+
+Anywhere else (CUDA, float16, the `torch` backend) the weight stays as it is and `linear` is `F.linear`.
+Which one runs is decided by the weight's layout and dtype, so a packed model and a plain one can
+coexist in one process.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 
 from kernels.backend import BACKEND_ENV, BACKENDS, backend_choice
 
+BF16_LINEAR_ENV = "LORAGATE_CPU_BF16_LINEAR"
+BF16_LINEAR_MODES = ("auto", "widen", "native")
 
-def onednn_packs(weight: torch.Tensor) -> bool:
-    """True when `pack_linear_weight` would pack `weight` (see the module docstring)."""
+
+def bf16_units() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX tiles)."""
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
+def widens(weight: torch.Tensor) -> bool:
+    """True when `pack_linear_weight` packs the bfloat16 `weight` as float32 (see the module docstring)."""
+    mode = os.environ.get(BF16_LINEAR_ENV, "auto")
+    if mode not in BF16_LINEAR_MODES:
+        raise ValueError(f"{BF16_LINEAR_ENV}={mode!r}; expected one of {BF16_LINEAR_MODES}")
+    if weight.dtype != torch.bfloat16 or not _onednn_here(weight):
+        return False
+    return mode == "widen" or (mode == "auto" and not bf16_units())
+
+
+def _onednn_here(weight: torch.Tensor) -> bool:
+    """A 2-D CPU weight, oneDNN in this torch, and the backend `auto` or `native`."""
     choice = backend_choice()
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV}={choice!r}; expected one of {BACKENDS}")
     if choice not in ("auto", "native") or weight.device.type != "cpu" or weight.dim() != 2:
         return False
-    if not torch.backends.mkldnn.is_available():
+    return bool(torch.backends.mkldnn.is_available())
+
+
+def onednn_packs(weight: torch.Tensor) -> bool:
+    """True when `pack_linear_weight` would pack `weight`, as it is or widened (see the module docstring)."""
+    if not _onednn_here(weight):
         return False
-    if weight.dtype == torch.float32:
+    if weight.dtype == torch.float32 or widens(weight):
         return True
     return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
@@ -39,14 +74,17 @@ def onednn_packs(weight: torch.Tensor) -> bool:
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     """The weight in the layout `linear` runs fastest on this device (a new tensor), or `weight` itself.
 
-    Semantics: `linear(x, pack_linear_weight(w), b) == F.linear(x, w, b)` up to float rounding.
+    Semantics: `linear(x, pack_linear_weight(w), b) == F.linear(x, w, b)` up to float rounding; a weight
+    already packed is returned as it is.
 
     Args:
         weight: the layer's weight, as `nn.Linear` holds it.
             Shape: [out_features, in_features]
     """
-    if not onednn_packs(weight):
+    if is_packed(weight) or not onednn_packs(weight):
         return weight
+    if widens(weight):
+        weight = weight.float()
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
 
 
@@ -69,4 +107,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if not is_packed(weight):
         return F.linear(x, weight, bias)
+    if x.dtype != weight.dtype:  # a widened bf16 weight: fp32 math, one rounding at the end
+        wide = None if bias is None else bias.float()
+        y = torch.ops.mkldnn._linear_pointwise(x.float().contiguous(), weight, wide, "none", [], "")
+        return y.to(x.dtype)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")

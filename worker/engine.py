@@ -39,7 +39,7 @@ from worker.kv_cache import KVCache, bytes_per_block, kv_budget
 from worker.loader import load_weights
 from worker.logits_processors import process_logits
 from worker.logprobs import gather_logprobs, read_step
-from worker.model import LoRAContext, ModelRunner
+from worker.model import LoRAContext, ModelRunner, pack_weights
 from worker.models import load_model_config
 from worker.sampler import Sampler
 from worker.scheduler import Scheduler, SchedulerConfig
@@ -68,8 +68,9 @@ class LLMEngine:
         # Weights and KV pool in mappings of their own, returned whole when this engine goes; then every
         # step's large buffers reuse the last step's pages (`worker.host_memory`).
         with mapped_allocations():
-            weights = load_weights(self.model_dir, cfg, config.dtype, config.device)  # first: the KV pool
-            # may take a share of the memory left
+            # First the weights, in their packed layout (widened bf16 ones take twice the memory,
+            # `kernels.linear`): the KV pool may take a share of the memory left.
+            weights = pack_weights(load_weights(self.model_dir, cfg, config.dtype, config.device))
             budget = kv_budget(
                 cfg,
                 config.kv_cache_bytes,

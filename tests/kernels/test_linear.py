@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from kernels import linear, pack_linear_weight
 from kernels.backend import BACKEND_ENV
-from kernels.linear import is_packed, onednn_packs
+from kernels.linear import BF16_LINEAR_ENV, bf16_units, is_packed, onednn_packs, widens
 
 # Relative to the reference's magnitude (|x|·|W| summed): fp32 sums in another order; bf16 rounds the
 # output once (8 bits of mantissa) after an fp32 accumulation.
@@ -35,6 +35,7 @@ def test_packed_linear_matches_float64(
     b = torch.randn(960, generator=gen).to(dtype) if bias else None
     packed = pack_linear_weight(w)
     assert is_packed(packed) == onednn_packs(w)
+    assert pack_linear_weight(packed) is packed  # packing twice packs once
     if dtype == torch.float32:
         assert is_packed(packed), "every x86 torch wheel has oneDNN: fp32 weights are packed on a CPU"
     y = linear(x, packed, b)
@@ -78,3 +79,46 @@ def test_an_unknown_backend_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv(BACKEND_ENV, "cublas")
     with pytest.raises(ValueError, match="cublas"):
         pack_linear_weight(torch.randn(2, 2))
+
+
+@pytest.mark.parametrize("mode", ["widen", "native"])
+@pytest.mark.parametrize("rows", [1, 48, 130])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_weights_widened_or_native_compute_a_bf16_matmul(
+    mode: str, rows: int, bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Widened, a bf16 weight is packed as float32 and the result is the bf16 matmul's (fp32 sums, one
+    rounding): within bf16's rounding of the float64 reference and of the oneDNN bf16 matmul's."""
+    monkeypatch.setenv(BACKEND_ENV, "auto")
+    monkeypatch.setenv(BF16_LINEAR_ENV, mode)
+    gen = torch.Generator().manual_seed(rows * 2 + bias + 100)
+    x = torch.randn(rows, 576, generator=gen).bfloat16()
+    w = (torch.randn(960, 576, generator=gen) * 0.05).bfloat16()
+    b = torch.randn(960, generator=gen).bfloat16() if bias else None
+    packed = pack_linear_weight(w)
+    assert widens(w) == (mode == "widen")
+    if mode == "widen":
+        assert is_packed(packed) and packed.dtype == torch.float32
+    y = linear(x, packed, b)
+    assert y.shape == (rows, 960) and y.dtype == torch.bfloat16
+    expect, scale = reference(x, w, b)
+    # One bf16 rounding of an fp32 sum: half an ulp of the result plus the fp32 sum's own error.
+    assert ((y.double() - expect).abs() <= expect.abs() * 2.0**-8 + 1e-5 * scale + 1e-6).all()
+    monkeypatch.setenv(BF16_LINEAR_ENV, "native")
+    other = linear(x, pack_linear_weight(w), b)
+    assert ((y.double() - other.double()).abs() <= 2 * TOLERANCE[torch.bfloat16] * scale + 1e-6).all()
+
+
+def test_bf16_widening_follows_the_cpu_and_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "auto")
+    w = torch.randn(32, 16).bfloat16()
+    monkeypatch.delenv(BF16_LINEAR_ENV, raising=False)
+    assert widens(w) == (not bf16_units())
+    monkeypatch.setenv(BF16_LINEAR_ENV, "widen")
+    assert widens(w) and not widens(w.float()) and not widens(w.half())
+    monkeypatch.setenv(BACKEND_ENV, "torch")  # the reference path never packs
+    assert not widens(w) and pack_linear_weight(w) is w
+    monkeypatch.setenv(BACKEND_ENV, "auto")
+    monkeypatch.setenv(BF16_LINEAR_ENV, "always")
+    with pytest.raises(ValueError, match=BF16_LINEAR_ENV):
+        pack_linear_weight(w)

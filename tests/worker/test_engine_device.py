@@ -12,6 +12,7 @@ test_engine_triton_interpreter.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 import worker.model
+from kernels.linear import bf16_units, is_packed
 from loragate.messages import WorkerState
 from loragate.types import Request, SamplingParams
 from worker.config import EngineConfig
@@ -124,12 +126,23 @@ def test_a_step_on_the_meta_device_leaves_nothing_on_the_host(
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-def test_16_bit_on_cpu_runs_and_stays_close_to_float32(zoo: ZooPaths, dtype: torch.dtype) -> None:
-    engines = {d: engine_on(zoo, dtype=d) for d in (torch.float32, dtype)}
+def test_16_bit_on_cpu_runs_and_stays_close_to_float32(
+    zoo: ZooPaths, dtype: torch.dtype, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="worker.model"):
+        engines = {d: engine_on(zoo, dtype=d) for d in (torch.float32, dtype)}
     low = engines[dtype]
-    # Adapter ranks and scales keep their own types; weights, KV cache and adapter slots follow the engine.
+    # Adapter ranks and scales keep their own types; weights, KV cache and adapter slots follow the engine,
+    # but bf16's packed linear weights on a CPU without bf16 units are widened to fp32 (`kernels.linear`).
     kept = ("ranks", "scale")
-    assert {t.dtype for n, t in state_tensors(low).items() if not n.endswith(kept)} == {dtype}
+    wide = dtype == torch.bfloat16 and not bf16_units()
+    dtypes = {n: t.dtype for n, t in state_tensors(low).items() if not n.endswith(kept)}
+    packed = {n for n, t in state_tensors(low).items() if is_packed(t)}
+    if dtype == torch.bfloat16:  # oneDNN packs bf16 weights on x86 (fp16 stays plain)
+        assert len(packed) == 4 * len(low.runner.w.layers) + 1  # qkv, o, gate_up, down, LM head
+        assert {dtypes[n] for n in packed} == {torch.float32 if wide else dtype}
+    assert ("bf16 linear weights held as fp32" in caplog.text) == wide  # the memory cost is logged
+    assert {d for n, d in dtypes.items() if n not in packed} == {dtype}
     # One prefill step of five mixed-adapter prompts in each dtype: next-token logits agree closely.
     logits = {}
     for d, engine in engines.items():
