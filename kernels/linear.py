@@ -107,7 +107,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if not is_packed(weight):
         return F.linear(x, weight, bias)
-    if x.dtype != weight.dtype:  # a widened bf16 weight: fp32 math, one rounding at the end
+    if weight.dtype == torch.float32 and x.dtype == torch.bfloat16:  # widened: fp32 math, one rounding
         wide = None if bias is None else bias.float()
         y = torch.ops.mkldnn._linear_pointwise(x.float().contiguous(), weight, wide, "none", [], "")
         return y.to(x.dtype)

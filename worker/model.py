@@ -62,7 +62,7 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
     )
     if widened:
         log.info(
-            "bf16 linear weights held as fp32 (%.0f MiB): this CPU has no bf16 units, and its emulated bf16 "
+            "bf16 linear weights held as fp32 (%.0f MiB, twice bf16's): without bf16 units oneDNN's bf16 "
             "matmul is 2-3.7x slower; %s=native keeps them in bf16",
             widened / 2**20,
             BF16_LINEAR_ENV,
