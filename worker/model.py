@@ -31,7 +31,7 @@ from kernels import (
     silu_mul,
     write_kv,
 )
-from kernels.linear import BF16_LINEAR_ENV, is_packed, widens
+from kernels.linear import BF16_LINEAR_ENV
 from worker.adapter_cache import LoRAStack
 from worker.batch import ForwardBatch
 from worker.config import ModelConfig
@@ -55,11 +55,20 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
     """`weights`, each matmul's weight now in the device's fastest layout (`kernels.linear`), layer by
     layer in place, so the plain tensors are freed as their packed copies are made (a tied LM head gets
     its own packed copy: the embedding table stays plain for lookups)."""
-    widened = sum(
-        w.numel() * 4
-        for w in (weights.lm_head, *(t for ly in weights.layers for t in (ly.qkv, ly.o, ly.gate_up, ly.down)))
-        if not is_packed(w) and widens(w)
-    )
+    widened = 0  # bytes of bf16 weights packed as fp32
+
+    def pack(w: torch.Tensor) -> torch.Tensor:
+        nonlocal widened
+        packed = pack_linear_weight(w)
+        if packed.dtype != w.dtype:
+            widened += packed.numel() * packed.element_size()
+        return packed
+
+    for i, layer in enumerate(weights.layers):
+        weights.layers[i] = replace(
+            layer, qkv=pack(layer.qkv), o=pack(layer.o), gate_up=pack(layer.gate_up), down=pack(layer.down)
+        )
+    weights.lm_head = pack(weights.lm_head)
     if widened:
         log.info(
             "bf16 linear weights held as fp32 (%.0f MiB, twice bf16's): without bf16 units oneDNN's bf16 "
@@ -67,15 +76,6 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
             widened / 2**20,
             BF16_LINEAR_ENV,
         )
-    for i, layer in enumerate(weights.layers):
-        weights.layers[i] = replace(
-            layer,
-            qkv=pack_linear_weight(layer.qkv),
-            o=pack_linear_weight(layer.o),
-            gate_up=pack_linear_weight(layer.gate_up),
-            down=pack_linear_weight(layer.down),
-        )
-    weights.lm_head = pack_linear_weight(weights.lm_head)
     return weights
 
 
