@@ -1,10 +1,10 @@
 // Paged decode attention for CPUs: one call per layer for the whole decode batch; and the KV write.
 //
-// Each (sequence, KV head) pair is one task (at::parallel_for, torch's own thread pool). A task reads its
-// sequence's keys once, position by position along the block table, scoring all G query heads of its
-// KV head against each key (GQA without copying K/V per query head), then reads the values once more to
-// accumulate the softmax-weighted sum. K/V are read straight from the paged pool: no gather, no padding,
-// no mask. Accumulation is fp32 whatever the storage dtype (fp32, bf16, fp16).
+// Each sequence is one task (at::parallel_for, torch's own thread pool). A task reads its sequence's keys
+// once, block by block along its block table, scoring all G query heads of each KV head against each key
+// (GQA without copying K/V per query head), then reads the values once more to accumulate the
+// softmax-weighted sum. K/V are read straight from the paged pool: no gather, no padding, no mask.
+// Accumulation is fp32 whatever the storage dtype (fp32, bf16, fp16).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "convert.h"
-#include "sgmv_blocks.h"
+#include "decode_blocks.h"
 #include "vecmath.h"
 
 namespace {
@@ -38,51 +38,11 @@ inline const float* as_float<float>(const float* src, float*, int64_t) {
   return src;
 }
 
-// 16-bit caches, head size a multiple of 16 (`decode`'s `blocked`): each run of up to 16 keys (or values)
-// of a block converted to fp32 once (`buf`, [count][token]), then per query head the run's 16 dots at
-// once, reduced by one shuffle tree (`reduce16`), and a run's weighted values summed in registers (DIM / 16
-// vectors). fp32 caches keep `decode`'s own loops, on whose sums greedy parity with transformers was
-// checked.
-template <int DIM>
-inline void score_run(float* scores, float* maxes, const float* qf, const float* buf, int64_t count,
-                      int64_t token, int64_t heads, int64_t group, int64_t n) {
-  using loragate_sgmv::vf;
-  for (int64_t hq = 0; hq < heads; ++hq) {
-    const float* kh = buf + (hq / group) * DIM;
-    vf qv[DIM / 16];
-    for (int c = 0; c < DIM / 16; ++c) qv[c] = loragate_sgmv::load_vf(qf + hq * DIM + 16 * c);
-    vf acc[16] = {};
-    for (int64_t j = 0; j < count; ++j)
-      for (int c = 0; c < DIM / 16; ++c) acc[j] += qv[c] * loragate_sgmv::load_vf(kh + j * token + 16 * c);
-    const vf sums = loragate_sgmv::reduce16(acc);
-    float s[16];
-    std::memcpy(s, &sums, sizeof(s));
-    for (int64_t j = 0; j < count; ++j) {
-      scores[hq * n + j] = s[j];
-      maxes[hq] = std::max(maxes[hq], s[j]);
-    }
-  }
-}
-
-template <int DIM>
-inline void weigh_run(float* acc, const float* weights, const float* buf, int64_t count, int64_t token,
-                      int64_t heads, int64_t group, int64_t n) {
-  using loragate_sgmv::vf;
-  for (int64_t hq = 0; hq < heads; ++hq) {
-    const float* vh = buf + (hq / group) * DIM;
-    vf a[DIM / 16];
-    for (int c = 0; c < DIM / 16; ++c) a[c] = loragate_sgmv::load_vf(acc + hq * DIM + 16 * c);
-    for (int64_t j = 0; j < count; ++j) {
-      const float w = weights[hq * n + j];
-      for (int c = 0; c < DIM / 16; ++c) a[c] += w * loragate_sgmv::load_vf(vh + j * token + 16 * c);
-    }
-    std::memcpy(acc + hq * DIM, a, sizeof(a));
-  }
-}
-
 // One task per sequence: a token's keys (all KV heads, `KVH * D` contiguous values) are read in one
 // sweep along each block, so the cache streams block by block (`BS * KVH * D` contiguous values).
 // `DIM` is the head size when it is a compile-time constant (the common ones), else 0 and `dim` is used.
+// A head size that is a multiple of 16 takes the register-blocked loops of `decode_blocks.h` (runs of up
+// to 16 keys, the next block prefetched); others the per-key loops below.
 template <typename T, int DIM>
 void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
@@ -98,12 +58,37 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const int64_t token = kv_heads * dim;  // values per cached token
+  const int64_t block_bytes = block_size * token * static_cast<int64_t>(sizeof(T));
   const float fscale = static_cast<float>(scale);
 
-  constexpr bool blocked = !std::is_same_v<T, float> && DIM > 0 && DIM % 16 == 0;
+  constexpr bool blocked = DIM > 0 && DIM % 16 == 0;
+  constexpr bool widen = !std::is_same_v<T, float>;  // 16-bit rows widened into `buf` before use
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(heads * dim), acc(heads * dim), row(token), scores, maxes(heads), sums(heads);
-    std::vector<float> buf(blocked ? block_size * token : 0);
+    std::vector<float> qf(heads * dim), acc(heads * dim), row(token), scores, sums(heads);
+    std::vector<float> buf(blocked && widen ? block_size * token : 0);
+    loragate_decode::Ahead ahead;
+    // Pass over [lo, ctx) of `cache` along `table`, in runs within a block (at most 16 keys when blocked):
+    // run(rows, i, count) gets the run's first token row (fp32) and its offset i from lo. Blocked, each
+    // block's first run prefetches the next block, or after the last one `tail` (a block, or null).
+    auto sweep = [&](const T* cache, const int64_t* table, int64_t lo, int64_t ctx, const T* tail, auto&& run) {
+      for (int64_t p = lo; p < ctx;) {
+        const int64_t blk = p / block_size, off = p % block_size;
+        const int64_t count = std::min({block_size - off, ctx - p, blocked ? int64_t{16} : block_size});
+        const T* rows = cache + (table[blk] * block_size + off) * token;
+        if (blocked && (off == 0 || p == lo)) {
+          const bool last = (blk + 1) * block_size >= ctx;
+          ahead.start(last ? tail : cache + table[blk + 1] * block_size * token, block_bytes,
+                      (std::min(block_size - off, ctx - p) + 15) / 16 * heads);
+        }
+        if constexpr (blocked && widen) {
+          loragate::to_float(buf.data(), rows, count * token);
+          run(static_cast<const float*>(buf.data()), p - lo, count);
+        } else {
+          run(rows, p - lo, count);
+        }
+        p += count;
+      }
+    };
     for (int64_t b = begin; b < end; ++b) {
       const int64_t ctx = lens[b];
       const int64_t lo = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
@@ -112,37 +97,32 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       load_row(qf.data(), qp + b * ldq, heads * dim);
       for (int64_t i = 0; i < heads * dim; ++i) qf[i] *= fscale;
       scores.resize(heads * n);  // [heads][n]
-      std::fill(maxes.begin(), maxes.end(), -std::numeric_limits<float>::infinity());
       // Pass 1: scores, block by block (no division per token).
-      for (int64_t p = lo; p < ctx;) {
-        const int64_t off = p % block_size, count = std::min({block_size - off, ctx - p, blocked ? 16 : block_size});
-        const T* key = kp + (table[p / block_size] * block_size + off) * token;
-        if constexpr (blocked) {  // count <= 16 keys, contiguous in their block
-          loragate::to_float(buf.data(), key, count * token);
-          score_run<DIM>(scores.data() + (p - lo), maxes.data(), qf.data(), buf.data(), count, token, heads, group,
-                         n);
-          p += count;
-          continue;
-        }
-        for (int64_t j = 0; j < count; ++j, key += token) {
-          const float* kr = as_float(key, row.data(), token);
-          const int64_t i = p - lo + j;
-          for (int64_t hq = 0; hq < heads; ++hq) {
-            const float* qh = qf.data() + hq * dim;
-            const float* kh = kr + (hq / group) * dim;
-            float s = 0.f;
+      const T* first_value = n > 0 ? vp + table[lo / block_size] * block_size * token : nullptr;
+      const T* next_key = b + 1 < end ? kp + tables[(b + 1) * width] * block_size * token : nullptr;
+      sweep(kp, table, lo, ctx, first_value, [&](const auto* key, int64_t i, int64_t count) {
+        if constexpr (blocked) {
+          loragate_decode::score_run<DIM>(scores.data() + i, qf.data(), key, count, token, heads, group, n, ahead);
+        } else {
+          for (int64_t j = 0; j < count; ++j, key += token) {
+            const float* kr = as_float(key, row.data(), token);
+            for (int64_t hq = 0; hq < heads; ++hq) {
+              const float* qh = qf.data() + hq * dim;
+              const float* kh = kr + (hq / group) * dim;
+              float s = 0.f;
 #pragma omp simd reduction(+ : s)
-            for (int64_t d = 0; d < dim; ++d) s += qh[d] * kh[d];
-            scores[hq * n + i] = s;
-            maxes[hq] = std::max(maxes[hq], s);
+              for (int64_t d = 0; d < dim; ++d) s += qh[d] * kh[d];
+              scores[hq * n + i + j] = s;
+            }
           }
         }
-        p += count;
-      }
+      });
       // Softmax numerators and denominators, per query head (one vector exp per head).
       for (int64_t hq = 0; hq < heads; ++hq) {
         float* sh = scores.data() + hq * n;
-        const float m = maxes[hq];
+        float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+        for (int64_t i = 0; i < n; ++i) m = std::max(m, sh[i]);
         loragate::exp_shifted(sh, n, m);
         float total = 0.f;
 #pragma omp simd reduction(+ : total)
@@ -151,28 +131,22 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       }
       // Pass 2: the weighted sum of values.
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t p = lo; p < ctx;) {
-        const int64_t off = p % block_size, count = std::min({block_size - off, ctx - p, blocked ? 16 : block_size});
-        const T* value = vp + (table[p / block_size] * block_size + off) * token;
+      sweep(vp, table, lo, ctx, next_key, [&](const auto* value, int64_t i, int64_t count) {
         if constexpr (blocked) {
-          loragate::to_float(buf.data(), value, count * token);
-          weigh_run<DIM>(acc.data(), scores.data() + (p - lo), buf.data(), count, token, heads, group, n);
-          p += count;
-          continue;
-        }
-        for (int64_t j = 0; j < count; ++j, value += token) {
-          const float* vr = as_float(value, row.data(), token);
-          const int64_t i = p - lo + j;
-          for (int64_t hq = 0; hq < heads; ++hq) {
-            const float w = scores[hq * n + i];
-            const float* vh = vr + (hq / group) * dim;
-            float* a = acc.data() + hq * dim;
+          loragate_decode::weigh_run<DIM>(acc.data(), scores.data() + i, value, count, token, heads, group, n, ahead);
+        } else {
+          for (int64_t j = 0; j < count; ++j, value += token) {
+            const float* vr = as_float(value, row.data(), token);
+            for (int64_t hq = 0; hq < heads; ++hq) {
+              const float w = scores[hq * n + i + j];
+              const float* vh = vr + (hq / group) * dim;
+              float* a = acc.data() + hq * dim;
 #pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) a[d] += w * vh[d];
+              for (int64_t d = 0; d < dim; ++d) a[d] += w * vh[d];
+            }
           }
         }
-        p += count;
-      }
+      });
       T* o = op + b * heads * dim;
       for (int64_t hq = 0; hq < heads; ++hq) {
         const float inv = 1.f / sums[hq];
@@ -186,6 +160,7 @@ template <typename T>
 void decode_any_dim(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                     const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
   switch (q.size(2)) {
+    case 32: decode<T, 32>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
     case 64: decode<T, 64>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
     case 128: decode<T, 128>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
     default: decode<T, 0>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window);

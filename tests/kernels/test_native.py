@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import native, paged_attention_decode
+from kernels import AttentionMeta, native, paged_attention_decode
 from kernels.backend import BACKEND_ENV, use_native
 from tests.kernels.kernel_testing import TOLERANCE, decode_meta, decode_reference, paged_kv, rel_err
 
@@ -23,19 +23,43 @@ def test_the_kernels_build_here_and_are_used_for_cpu_tensors(monkeypatch: pytest
     assert not use_native(torch.zeros(1))
 
 
-@pytest.mark.parametrize("head_dim", [80, 256])  # the generic-size loop, and a size past 128
+# 32 and 64: the register-blocked loops (several sequences a thread: each prefetches the next one's first
+# block); 80: the generic-size loop; 256: a size past 128.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 256])
 def test_decode_on_a_large_ragged_batch_with_shuffled_blocks(
-    head_dim: int, monkeypatch: pytest.MonkeyPatch
+    head_dim: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(BACKEND_ENV, "native")
     gen = torch.Generator().manual_seed(head_dim)
     ctx_lens = torch.randint(1, 300, (37,), generator=gen).tolist()
-    kv = paged_kv(ctx_lens, 16, 2, head_dim, torch.float32, gen)
-    q = torch.randn(len(ctx_lens), 6, head_dim, generator=gen)
+    kv = paged_kv(ctx_lens, 16, 2, head_dim, dtype, gen)
+    q = torch.randn(len(ctx_lens), 6, head_dim, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
     meta = decode_meta(kv, ctx_lens)
     paged_attention_decode(out, q, kv.k, kv.v, meta, scale=head_dim**-0.5, sliding_window=None)
-    assert rel_err(out, decode_reference(q, kv, ctx_lens, head_dim**-0.5, None)) < TOLERANCE[torch.float32]
+    assert rel_err(out, decode_reference(q, kv, ctx_lens, head_dim**-0.5, None)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("head_dim", "block_size", "window"), [(32, 16, None), (64, 32, None), (64, 8, 21)])
+def test_decode_gives_a_sequence_the_same_bits_whatever_batch_it_is_in(
+    head_dim: int, block_size: int, window: int | None, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy output must not depend on which other requests share the step: each sequence's scores and
+    sums run in one order wherever it sits (alone, first, last, between others)."""
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    gen = torch.Generator().manual_seed(head_dim + block_size)
+    ctx_lens = torch.randint(1, 200, (23,), generator=gen).tolist()
+    kv = paged_kv(ctx_lens, block_size, 2, head_dim, dtype, gen)
+    q = torch.randn(len(ctx_lens), 8, head_dim, generator=gen).to(dtype)
+    out = torch.empty_like(q)
+    paged_attention_decode(out, q, kv.k, kv.v, decode_meta(kv, ctx_lens), scale=0.3, sliding_window=window)
+    for i in (0, 11, 22):
+        one = torch.empty_like(q[i : i + 1])
+        meta = AttentionMeta(kv.block_tables[i : i + 1], torch.tensor(ctx_lens[i : i + 1]))
+        paged_attention_decode(one, q[i : i + 1], kv.k, kv.v, meta, scale=0.3, sliding_window=window)
+        assert torch.equal(one[0], out[i])
 
 
 def test_decode_into_a_strided_output_from_a_strided_query(monkeypatch: pytest.MonkeyPatch) -> None:
