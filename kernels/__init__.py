@@ -8,6 +8,7 @@ from kernels.attention import paged_attention_decode, paged_attention_prefill, w
 from kernels.attention_meta import AttentionMeta
 from kernels.glue import add_rms_norm, rope_, silu_mul
 from kernels.linear import linear, pack_linear_weight
+from kernels.lm_head import PackedLMHead, lm_head_argmax, lm_head_logits, pack_lm_head
 from kernels.lora_meta import LoRABatchMeta, LoRAGroup, LoRAProjection
 from kernels.sgmv import sgmv_expand, sgmv_group, sgmv_shrink
 
@@ -16,9 +17,13 @@ __all__ = [
     "LoRABatchMeta",
     "LoRAGroup",
     "LoRAProjection",
+    "PackedLMHead",
     "add_rms_norm",
     "linear",
+    "lm_head_argmax",
+    "lm_head_logits",
     "pack_linear_weight",
+    "pack_lm_head",
     "paged_attention_decode",
     "paged_attention_prefill",
     "rope_",

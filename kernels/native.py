@@ -35,7 +35,14 @@ log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(
-    _CSRC / name for name in ("paged_decode_cpu.cpp", "sgmv_cpu.cpp", "sgmv_group_cpu.cpp", "glue_cpu.cpp")
+    _CSRC / name
+    for name in (
+        "paged_decode_cpu.cpp",
+        "sgmv_cpu.cpp",
+        "sgmv_group_cpu.cpp",
+        "glue_cpu.cpp",
+        "lm_head_cpu.cpp",
+    )
 )
 HEADERS = tuple(sorted(_CSRC.glob("*.h")))
 CACHE_ENV = "LORAGATE_KERNEL_CACHE"

@@ -37,13 +37,17 @@ from kernels import (
     AttentionMeta,
     LoRABatchMeta,
     linear,
+    lm_head_argmax,
+    lm_head_logits,
     pack_linear_weight,
+    pack_lm_head,
     paged_attention_decode,
     paged_attention_prefill,
     sgmv_expand,
     sgmv_shrink,
 )
 from kernels.backend import BACKEND_ENV, triton_interpreting
+from kernels.glue import argmax_rows
 from kernels.reference import attention_ref, gather_context, sgmv_expand_ref, sgmv_shrink_ref
 
 RANKS = (8, 16, 32, 64)
@@ -175,6 +179,27 @@ def linear_case(
         median_ms(lambda: linear(xd, packed), repeats, dev),
         median_ms(lambda: F.linear(x.double(), wide), max(3, repeats // 5)),
         median_ms(lambda: F.linear(xd, wd), repeats, dev),
+        err,
+    )
+
+
+def lm_head_case(
+    name: str, rows: int, k: int, n: int, dtype: torch.dtype, repeats: int, dev: torch.device
+) -> Timing:
+    """A greedy step's LM head: the pick fused into the head (`kernels.lm_head`) against oneDNN's matmul
+    then `argmax_rows` (alt); the error is the fused kernel's logits against float64."""
+    gen = torch.Generator().manual_seed(rows + n + k)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    xd, wd = x.to(dev), w.to(dev)
+    head, packed = pack_lm_head(wd), pack_linear_weight(wd)
+    wide = w.double()
+    err = rel_err(lm_head_logits(xd, head), F.linear(x.double(), wide))
+    return Timing(
+        name,
+        median_ms(lambda: lm_head_argmax(xd, head), repeats, dev),
+        median_ms(lambda: F.linear(x.double(), wide).argmax(dim=-1), max(3, repeats // 5)),
+        median_ms(lambda: argmax_rows(linear(xd, packed)), repeats, dev),
         err,
     )
 
@@ -321,6 +346,12 @@ def run_cases(repeats: int, quick: bool, dev: torch.device = CPU) -> list[Timing
         ]
         for name, rows, k, n in dense[: 2 if quick else None]:
             results.append(linear_case(f"{name} {tag}", rows, k, n, dtype, repeats, dev))
+        heads = [
+            ("lm-head greedy T=128 576->49152", 128, 576, 49152),
+            ("lm-head greedy T=128 256->32000", 128, 256, 32000),
+        ]
+        for name, rows, k, n in heads[: 1 if quick else None]:
+            results.append(lm_head_case(f"{name} {tag}", rows, k, n, dtype, repeats, dev))
         for name, tokens, hidden, out in lora[: 2 if quick else None]:
             results.append(lora_case(f"{name} {tag}", tokens, hidden, out, dtype, repeats, dev))
         decode = [(64, 512), (128, 1024), *([(256, 2048)] if gpu else [])]

@@ -37,7 +37,7 @@ from worker.grammar import GuidedDecoding
 from worker.host_memory import mapped_allocations
 from worker.kv_cache import KVCache, bytes_per_block, kv_budget
 from worker.loader import load_weights
-from worker.logits_processors import process_logits
+from worker.logits_processors import needs_processing, process_logits
 from worker.logprobs import gather_logprobs, read_step
 from worker.model import LoRAContext, ModelRunner, pack_weights
 from worker.models import load_model_config
@@ -212,21 +212,26 @@ class LLMEngine:
             return outputs
         self.stats.steps += 1
         batch, order, sampled_seqs = self._prepare(sched.scheduled)
+        tracked = [self.requests[s.request_id] for s in sampled_seqs]
         if self.graphs is not None and self.graphs.fits(batch, len(sampled_seqs)):
             self.stats.graph_steps += 1
             logits = self.graphs.run(batch)
+        elif self._plain_greedy(batch, tracked):  # the greedy pick fused into the LM head: no logits
+            self.stats.fused_greedy_steps += 1
+            tokens = self.runner.greedy_tokens(batch, self._lora_context(batch))
+            logits = None
         else:  # sampled rows, then prompt-logprob rows
             logits = self.runner.forward(batch, self._lora_context(batch))
-        tracked = [self.requests[s.request_id] for s in sampled_seqs]
-        raw = logits[: len(sampled_seqs)]
-        # Penalties and bias first, then the guides' masks (a bias cannot lift a token a grammar forbids).
-        processed = self.grammar.mask(
-            process_logits(raw, sampled_seqs, self.model_config.eos_token_ids), tracked
-        )
-        tokens = self.sampler.select(
-            processed, [s.request.params for s in sampled_seqs], [t.generator for t in tracked]
-        )
-        pending = gather_logprobs(logits, tokens, sampled_seqs, batch.prompt_rows)
+        if logits is not None:
+            raw = logits[: len(sampled_seqs)]
+            # Penalties and bias first, then the guides' masks (a bias cannot lift a token a grammar forbids).
+            processed = self.grammar.mask(
+                process_logits(raw, sampled_seqs, self.model_config.eos_token_ids), tracked
+            )
+            tokens = self.sampler.select(
+                processed, [s.request.params for s in sampled_seqs], [t.generator for t in tracked]
+            )
+        pending = None if logits is None else gather_logprobs(logits, tokens, sampled_seqs, batch.prompt_rows)
         token_ids, logprobs, prompt_logprobs = read_step(tokens, pending)
         for seq, n in order:
             seq.num_computed_tokens += n
@@ -329,6 +334,20 @@ class LLMEngine:
         for seq, _ in scheduled:
             seq.lora_slot = slots[seq.adapter] if seq.adapter is not None else -1
         return build_forward_batch(scheduled, self.config.block_size, self.config.device)
+
+    def _plain_greedy(self, batch: ForwardBatch, tracked: list[Tracked]) -> bool:
+        """Whether this step needs nothing of its logits but each row's argmax, and the LM head can give
+        that without them (`kernels.lm_head`): every row greedy, unprocessed, unguided, no logprobs."""
+        if batch.prompt_rows or not self.runner.fuses_greedy:
+            return False
+        eos = self.model_config.eos_token_ids
+        return all(
+            t.seq.request.params.greedy
+            and t.seq.request.params.logprobs is None
+            and t.matcher is None
+            and not needs_processing(t.seq, eos)
+            for t in tracked
+        )
 
     def _lora_context(self, batch: ForwardBatch) -> LoRAContext | None:
         """An eager step's adapter stacks and per-module segment metadata (None: no token is adapted)."""

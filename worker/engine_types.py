@@ -72,6 +72,7 @@ class EngineStats:
 
     steps: int = 0
     graph_steps: int = 0  # of `steps`, those replayed from a CUDA graph (`worker.decode_graphs`)
+    fused_greedy_steps: int = 0  # of `steps`, those whose greedy picks came from the LM head (no logits)
     decode_tokens: int = 0
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=dict)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kernels.lm_head import LMHead
 from worker.config import ModelConfig, ModelLoadError
 from worker.models import family_named
 
@@ -38,7 +39,7 @@ class ModelWeights:
     embed: torch.Tensor
     layers: list[LayerWeights]
     norm: torch.Tensor
-    lm_head: torch.Tensor
+    lm_head: LMHead  # a tensor as loaded; `worker.model.pack_weights` may pack it for the native CPU kernel
 
 
 def _shard_files(model_dir: Path) -> list[Path]:

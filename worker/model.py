@@ -21,9 +21,13 @@ from kernels import (
     LoRABatchMeta,
     LoRAGroup,
     LoRAProjection,
+    PackedLMHead,
     add_rms_norm,
     linear,
+    lm_head_argmax,
+    lm_head_logits,
     pack_linear_weight,
+    pack_lm_head,
     paged_attention_decode,
     paged_attention_prefill,
     rope_,
@@ -64,11 +68,15 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
             widened += packed.numel() * packed.element_size()
         return packed
 
+    head = pack_lm_head(weights.lm_head)
+    if head.dtype != weights.lm_head.dtype:
+        widened += head.nbytes if isinstance(head, PackedLMHead) else head.numel() * head.element_size()
+
     for i, layer in enumerate(weights.layers):
         weights.layers[i] = replace(
             layer, qkv=pack(layer.qkv), o=pack(layer.o), gate_up=pack(layer.gate_up), down=pack(layer.down)
         )
-    weights.lm_head = pack(weights.lm_head)
+    weights.lm_head = head
     if widened:
         log.info(
             "bf16 linear weights held as fp32 (%.0f MiB, twice bf16's): without bf16 units oneDNN's bf16 "
@@ -101,7 +109,17 @@ class ModelRunner:
     @torch.inference_mode()
     def logits(self, last: torch.Tensor) -> torch.Tensor:
         """The LM head over final hidden rows (`hidden`)."""
-        return linear(last, self.w.lm_head)
+        return lm_head_logits(last, self.w.lm_head)
+
+    @property
+    def fuses_greedy(self) -> bool:
+        """Whether `greedy_tokens` skips the logits (the head is packed for the native CPU kernel)."""
+        return isinstance(self.w.lm_head, PackedLMHead)
+
+    @torch.inference_mode()
+    def greedy_tokens(self, fb: ForwardBatch, lora: LoRAContext | None) -> torch.Tensor:
+        """`argmax_rows(forward(fb, lora))` without the logits (`kernels.lm_head.lm_head_argmax`)."""
+        return lm_head_argmax(self.hidden(fb, self.lora_groups(fb, lora)), self.w.lm_head)
 
     @torch.inference_mode()
     def hidden(self, fb: ForwardBatch, groups: dict[str, LoRAGroup]) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 
 import worker.model
 from kernels.linear import bf16_units, is_packed
+from kernels.lm_head import PackedLMHead
 from loragate.messages import WorkerState
 from loragate.types import Request, SamplingParams
 from worker.config import EngineConfig
@@ -55,7 +56,8 @@ def requests(n: int, max_tokens: int = 8, prefix: str = "r", **params: Any) -> l
 
 def state_tensors(engine: LLMEngine) -> dict[str, torch.Tensor]:
     w = engine.runner.w
-    out = {"embed": w.embed, "norm": w.norm, "lm_head": w.lm_head, "k": engine.kv.k, "v": engine.kv.v}
+    head = w.lm_head.panels if isinstance(w.lm_head, PackedLMHead) else w.lm_head
+    out = {"embed": w.embed, "norm": w.norm, "lm_head": head, "k": engine.kv.k, "v": engine.kv.v}
     out |= {"rope.cos": engine.runner.rope.cos, "rope.sin": engine.runner.rope.sin}
     for i, layer in enumerate(w.layers):
         for name in layer.__slots__:
@@ -137,7 +139,10 @@ def test_16_bit_on_cpu_runs_and_stays_close_to_float32(
     kept = ("ranks", "scale")
     wide = dtype == torch.bfloat16 and not bf16_units()
     dtypes = {n: t.dtype for n, t in state_tensors(low).items() if not n.endswith(kept)}
-    packed = {n for n, t in state_tensors(low).items() if is_packed(t)}
+    # The LM head is packed for the native kernel (`kernels.lm_head`) wherever its linear would be widened.
+    head_packed = isinstance(low.runner.w.lm_head, PackedLMHead)
+    assert head_packed == wide
+    packed = {n for n, t in state_tensors(low).items() if is_packed(t) or (n == "lm_head" and head_packed)}
     if dtype == torch.bfloat16:  # oneDNN packs bf16 weights on x86 (fp16 stays plain)
         assert len(packed) == 4 * len(low.runner.w.layers) + 1  # qkv, o, gate_up, down, LM head
         assert {dtypes[n] for n in packed} == {torch.float32 if wide else dtype}

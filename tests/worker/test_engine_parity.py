@@ -12,7 +12,7 @@ import json
 import random
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,27 @@ def test_mixed_adapter_batch_matches_hf_peft(
     assert len({r.adapter for r in requests if r.adapter}) >= 4
     assert_matches_reference(engine, requests, hf_reference(base))
     assert engine.stats.steps < len(requests) * MAX_TOKENS  # requests really were batched together
+    # On a CPU every step of greedy requests picks its tokens inside the LM head (`kernels.lm_head`).
+    assert engine.stats.fused_greedy_steps == engine.stats.steps
+
+
+def test_steps_that_need_logits_compute_them_and_pick_the_same_tokens(zoo: ZooPaths) -> None:
+    """The fused greedy pick and the argmax of the logits agree; a step needs logits when any row asks for
+    logprobs or samples, and then none of its rows is fused."""
+    fused = engine_for(zoo, "tiny")
+    requests = mixed_requests(zoo, "tiny", fused.model_config.vocab_size, seed=1)
+    picks = [r.token_ids for r in fused.generate(requests)]
+    assert fused.stats.fused_greedy_steps == fused.stats.steps > 0
+    with_logprobs = engine_for(zoo, "tiny")
+    asking = [replace(r, params=replace(r.params, logprobs=0)) for r in requests]
+    assert [r.token_ids for r in with_logprobs.generate(asking)] == picks
+    assert with_logprobs.stats.fused_greedy_steps == 0
+    mixed = engine_for(zoo, "tiny")
+    short = replace(requests[0].params, temperature=1.0, max_tokens=3)  # the steps after it are greedy
+    sampled = replace(requests[0], request_id="sampled", params=short)
+    results = mixed.generate([*requests[1:], sampled])
+    assert [r.token_ids for r in results[:-1]] == picks[1:]
+    assert 0 < mixed.stats.fused_greedy_steps < mixed.stats.steps
 
 
 @pytest.mark.parametrize("base", ["tiny", "small"])
