@@ -6,9 +6,9 @@ one that `kernels.linear` widens) once, at load, into column panels of Wᵀ (`ke
   - `lm_head_argmax` computes each row's greedy token without writing the logits anywhere: a tile's argmax
     is taken while it is in registers. A greedy step thus skips writing and re-reading `[rows, vocab]`
     floats (16 MB for 128 rows of a 32k vocabulary, 25 MB for SmolLM2's 49k).
-`python -m loadtest.bench_kernels --backend native` (`lm_head` cases) compares both with oneDNN's matmul
-plus `argmax_rows`. The sums run over the hidden size in order, so a row's logits never depend on the
-batch around it; they equal `F.linear`'s up to float rounding.
+`python -m loadtest.bench_kernels --backend native` (`lm-head greedy` cases) compares the pick with
+oneDNN's matmul plus `argmax_rows`. The sums run over the hidden size in order, so a row's logits never
+depend on the batch around it; they equal `F.linear`'s up to float rounding.
 
 Anywhere else (CUDA, float16, the `torch` backend, no compiler) the head is `kernels.linear`'s packed
 weight, and both functions are `linear` (then `argmax_rows`).
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import native
 from kernels.backend import use_native
 from kernels.glue import argmax_rows
 from kernels.linear import linear, pack_linear_weight, widens
@@ -60,7 +59,7 @@ def pack_lm_head(weight: LMHead) -> LMHead:
     if isinstance(weight, PackedLMHead):
         return weight
     usable = weight.dtype == torch.float32 or widens(weight)
-    if not (usable and weight.dim() == 2 and use_native(weight) and native.available()):
+    if not (usable and weight.dim() == 2 and use_native(weight)):  # use_native: built here, backend allows
         return pack_linear_weight(weight)
     vocab, hidden = weight.shape
     num_panels = -(-vocab // PANEL)
