@@ -3,9 +3,11 @@
 // fused into it: each row's argmax read off the tiles as they are computed, so that a greedy step never
 // writes its [rows, V] logits to memory and reads them back (16-25 MB a step at 128 rows, V = 32-49k).
 //
-// A tile is R = 8 rows × PANEL = 48 columns: 24 accumulators, and per k one load of the panel's 3 vectors
-// and 8 broadcasts of x feed 24 FMAs. A panel (K × 48 floats) is read from memory once and serves every
-// tile of rows while it is in L1/L2. Each logit sums over k in order, one FMA at a time, wherever its row
+// A tile is R rows × PANEL = 48 columns. With AVX-512: 8 rows, 24 accumulators, and per k one load of the
+// panel's 3 vectors and 8 broadcasts of x feed 24 FMAs. With AVX2 (16 registers): 2 rows, 12 accumulators,
+// 6 loads and 2 broadcasts per 12 FMAs (4 rows × 3 vectors, twice per panel, measured slower on a Zen 3:
+// the panel is re-read from L2 either way). A panel (K × 48 floats) is read from memory once and serves
+// every tile of rows while it is in L1/L2. Each logit sums over k in order, one FMA at a time, wherever its row
 // sits: a row's logits never depend on the batch around it. Threads take contiguous ranges of panels.
 //
 // The argmax is torch.argmax's: the first index of a row's largest value, or of its first NaN. With
@@ -21,36 +23,60 @@
 #include <vector>
 
 #include "convert.h"
-#include "sgmv_blocks.h"
 
 namespace {
 
-using loragate_sgmv::load_vf;
-using loragate_sgmv::vf;
-using vi = int32_t __attribute__((vector_size(16 * sizeof(int32_t))));
-using vu = uint32_t __attribute__((vector_size(16 * sizeof(uint32_t))));
+using loragate::from_float;
 
-constexpr int V = 3;            // vectors per panel row
-constexpr int64_t PANEL = 16 * V;
-constexpr int R = 8;            // rows per tile
+// The vectors are the target's own width: 16 floats (one zmm) with AVX-512, else 8 (one ymm). GCC lowers a
+// generic vector wider than the target's registers piece by piece, and a scalar times such a vector through
+// the stack, lane by lane (25x slower than oneDNN on an AVX2 Zen 3).
+#if defined(__AVX512F__)
+constexpr int L = 16;
+constexpr int R = 8;   // rows per tile
+constexpr int CV = 3;  // column vectors summed at once: 8 × 3 accumulators, 24 of the 32 zmm registers
+#else
+constexpr int L = 8;
+constexpr int R = 2;   // rows per tile
+constexpr int CV = 6;  // 2 × 6 accumulators in 12 of the 16 ymm registers
+#endif
+using vf = float __attribute__((vector_size(L * sizeof(float))));
+using vi = int32_t __attribute__((vector_size(L * sizeof(int32_t))));
+using vu = uint32_t __attribute__((vector_size(L * sizeof(uint32_t))));
+
+constexpr int64_t PANEL = 48;   // columns a panel (`kernels.lm_head.PANEL`)
+constexpr int V = PANEL / L;    // vectors per panel row
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-// acc[r][v] = sum_k x[r][k] * panel[k][16 v .. 16 v + 16) for H rows of x (row r at x + r * ldx).
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// acc[r][v] = sum_k x[r][k] * panel[k][L v .. L v + L) for H rows of x (row r at x + r * ldx), CV vectors
+// of columns at a time so that H × CV accumulators stay in registers.
 template <int H>
 inline void tile(vf (&acc)[R][V], const float* x, int64_t ldx, const float* panel, int64_t k_size) {
   const float* xr[H];
   for (int r = 0; r < H; ++r) xr[r] = x + r * ldx;
+  for (int c0 = 0; c0 < V; c0 += CV) {
+    vf part[H][CV];
 #pragma GCC unroll 8
-  for (int r = 0; r < H; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = vf{};
-  for (int64_t k = 0; k < k_size; ++k) {
-    vf w[V];
-    for (int v = 0; v < V; ++v) w[v] = load_vf(panel + k * PANEL + 16 * v);
+    for (int r = 0; r < H; ++r)
+      for (int v = 0; v < CV; ++v) part[r][v] = vf{};
+    const float* col = panel + L * c0;
+    for (int64_t k = 0; k < k_size; ++k) {
+      vf w[CV];
+      for (int v = 0; v < CV; ++v) w[v] = load(col + k * PANEL + L * v);
 #pragma GCC unroll 8
-    for (int r = 0; r < H; ++r) {
-      const float xs = xr[r][k];
-      for (int v = 0; v < V; ++v) acc[r][v] += xs * w[v];
+      for (int r = 0; r < H; ++r) {
+        const vf xs = vf{} + xr[r][k];
+        for (int v = 0; v < CV; ++v) part[r][v] += xs * w[v];
+      }
     }
+    for (int r = 0; r < H; ++r)
+      for (int v = 0; v < CV; ++v) acc[r][c0 + v] = part[r][v];
   }
 }
 
@@ -101,7 +127,11 @@ void logits_impl(T* out, const float* x, int64_t m_size, int64_t k_size, const f
       for (int r = 0; r < rows; ++r) {
         T* row = out + (m0 + r) * vocab + n0;
         if (width == PANEL) {
-          for (int v = 0; v < V; ++v) loragate_sgmv::store_vf(row + 16 * v, acc[r][v]);
+          for (int v = 0; v < V; ++v) {
+            float f[L];
+            std::memcpy(f, &acc[r][v], sizeof(f));
+            for (int l = 0; l < L; ++l) row[L * v + l] = from_float<T>(f[l]);
+          }
         } else {
           float s[PANEL];
           std::memcpy(s, acc[r], sizeof(s));
@@ -151,17 +181,18 @@ void lm_head_argmax(at::Tensor out, const at::Tensor& x, const at::Tensor& panel
   std::vector<Best> bests(parts * m_size);
   at::parallel_for(0, parts, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      // Lane-wise running bests: lane l of vector v holds the best of columns n ≡ 16 v + l (mod PANEL).
+      // Lane-wise running bests: lane l of vector v holds the best of columns n ≡ L v + l (mod PANEL).
       std::vector<vf> value(m_size * V, vf{} + NEG_INF);
       std::vector<vi> index(m_size * V, vi{} - 1);
-      const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+      vi lane;
+      for (int l = 0; l < L; ++l) lane[l] = l;
       sweep(xp, m_size, k_size, pp, num_panels * t / parts, num_panels * (t + 1) / parts,
             [&](vf (&acc)[R][V], int64_t m0, int rows, int64_t p) {
               const int32_t n0 = static_cast<int32_t>(p * PANEL);
               for (int r = 0; r < rows; ++r)
                 for (int v = 0; v < V; ++v) {
                   const vf raw = acc[r][v];
-                  const vi idx = lane + (n0 + 16 * v);
+                  const vi idx = lane + (n0 + L * v);
                   const vi is_nan = raw != raw;
                   const vf s = round_to_bf16 ? (is_nan ? raw : round_bf16(raw)) : raw;
                   vf& best = value[(m0 + r) * V + v];
@@ -176,7 +207,7 @@ void lm_head_argmax(at::Tensor out, const at::Tensor& x, const at::Tensor& panel
       for (int64_t m = 0; m < m_size; ++m) {
         Best& b = bests[t * m_size + m];
         for (int v = 0; v < V; ++v)
-          for (int l = 0; l < 16; ++l)
+          for (int l = 0; l < L; ++l)
             if (index[m * V + v][l] >= 0) b.offer(value[m * V + v][l], index[m * V + v][l]);
       }
     }
