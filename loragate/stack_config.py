@@ -12,6 +12,7 @@ models:                    # at least one; each is served by its own workers
     workers: 2             # default 1
     device: auto           # auto | cpu | cuda | cuda:N (default: the worker's, auto)
     dtype: auto            # auto | float32 | bfloat16 | float16 (default: the worker's, auto)
+    kv_cache_mb: 1024      # each worker's KV cache, MiB (default: the worker's, sized to free memory)
     pin: [upper]           # adapters kept resident on every worker of this model
 auto:                      # rungs of the `auto` alias (policy syntax); default: every request to models[0]
   - {max_score: 0.4, model: tiny}
@@ -44,7 +45,7 @@ DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?", re.IGNORECASE)  # as worker.device 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # no ':' (base:adapter), no '/'
 _TOP = ("host", "port", "admin_token", "api_keys", "models", "auto")
-_MODEL = ("name", "path", "adapters", "workers", "device", "dtype", "pin")
+_MODEL = ("name", "path", "adapters", "workers", "device", "dtype", "kv_cache_mb", "pin")
 
 
 class StackError(ValueError):
@@ -60,6 +61,7 @@ class ModelSpec:
     device: str | None = None  # None: the worker's default
     dtype: str | None = None
     pin: tuple[str, ...] = ()
+    kv_cache_mb: int | None = None  # None: the worker's default
 
     @property
     def checkpoint(self) -> Path:
@@ -179,6 +181,9 @@ def _model(raw: Any, where: str, source: str, base_dir: Path) -> ModelSpec:
         raise StackError(f"{source}: {where}.device: must be auto, cpu, cuda or cuda:N, got {device!r}")
     if dtype is not None and dtype not in DTYPES:
         raise StackError(f"{source}: {where}.dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    kv_cache_mb = m.get("kv_cache_mb")
+    if kv_cache_mb is not None and (not _integer(kv_cache_mb) or kv_cache_mb < 1):
+        raise StackError(f"{source}: {where}.kv_cache_mb: must be an integer ≥ 1 (MiB), got {kv_cache_mb!r}")
     pin = m.get("pin", [])
     if not isinstance(pin, list) or not all(_text(p) for p in pin):
         raise StackError(f"{source}: {where}.pin: must be a list of adapter names")
@@ -189,7 +194,7 @@ def _model(raw: Any, where: str, source: str, base_dir: Path) -> ModelSpec:
             adapters.is_dir() and not (adapters / adapter / "adapter_config.json").is_file()
         ):
             raise StackError(f"{source}: {where}.pin[{k}]: no adapter {adapter!r} in {adapters}")
-    return ModelSpec(name, model_source, adapters, workers, device, dtype, tuple(pin))
+    return ModelSpec(name, model_source, adapters, workers, device, dtype, tuple(pin), kv_cache_mb)
 
 
 def check_adapters(model: ModelSpec) -> None:

@@ -9,7 +9,8 @@ starts, exit 2 if not):
   `--adapters DIR`, on `--workers` workers, and nothing else;
 - `-c stack.yaml`: what the file says (models, keys, admin token, `auto` rungs, host and port); no other
   flag may be combined with it, so the file and the command line cannot disagree.
-`--device`/`--dtype` (and a stack file's `device:`/`dtype:`) go to every worker of the model.
+`--device`, `--dtype` and `--kv-cache-mb` (a stack file's `device:`, `dtype:`, `kv_cache_mb:`) go to
+every worker of the model.
 
 It fetches or builds the named models (child processes), starts a real Redis (embedded, with an
 append-only file, unless `REDIS_URL` is set), one gateway and the workers as child processes, waits until
@@ -142,7 +143,8 @@ def _worker_args(stack: StackConfig, instance: str) -> dict[str, list[str]]:
         args = ["--model", str(m.checkpoint), "--model-name", m.name]
         if m.adapters is not None:  # present: `_prepare` checked it
             args += ["--adapters", str(m.adapters)] + [a for p in m.pin for a in ("--pin", p)]
-        args += [a for flag, v in (("--device", m.device), ("--dtype", m.dtype)) if v for a in (flag, v)]
+        placed = (("--device", m.device), ("--dtype", m.dtype), ("--kv-cache-mb", m.kv_cache_mb))
+        args += [a for flag, v in placed if v for a in (flag, str(v))]
         if on_cpu > 1 and not str(m.device or "").startswith("cuda"):
             args += ["--threads", str(threads_per_worker(on_cpu))]
         for _ in range(m.workers):

@@ -20,7 +20,8 @@ DEFAULT_WORKERS = 2  # smollm2 workers of the default stack
 DEFAULT_AUTO = ({"max_score": 0.4, "model": "tiny"}, {"model": "smollm2"})
 # The stack key a command-line flag sets (so a bad value is reported under the flag's name).
 _FLAG_OF = {"path": "--model", "name": "--model-name", "adapters": "--adapters", "workers": "--workers"}
-_FLAG_OF |= {"device": "--device", "dtype": "--dtype", "port": "--port", "host": "--host"}
+_FLAG_OF |= {"device": "--device", "dtype": "--dtype", "kv_cache_mb": "--kv-cache-mb"}
+_FLAG_OF |= {"port": "--port", "host": "--host"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", help="every worker's device: auto, cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--dtype", help="every worker's dtype: auto, float32, bfloat16, float16 (default: auto)")
+    p.add_argument(
+        "--kv-cache-mb",
+        type=int,
+        help="every worker's KV cache in MiB (default: the worker's own, what its sequences need capped by "
+        "the free memory)",
+    )
     p.add_argument("--port", type=int, help="the gateway's port (default 8000)")
     p.add_argument("--host", help="the gateway's address (default 127.0.0.1)")
     return p
@@ -55,7 +62,8 @@ def stack_from_args(args: argparse.Namespace) -> StackConfig:
         return load_stack(Path(args.config))
     if args.model is None and ("--model-name" in given or "--adapters" in given):
         raise StackError(f"{'--model-name' if '--model-name' in given else '--adapters'}: needs --model DIR")
-    placement = {k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None}
+    placed = (("device", args.device), ("dtype", args.dtype), ("kv_cache_mb", args.kv_cache_mb))
+    placement = {k: v for k, v in placed if v is not None}
     raw: dict[str, Any] = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if args.model is None:
         smollm2 = {"path": "smollm2", "workers": DEFAULT_WORKERS if args.workers is None else args.workers}

@@ -88,6 +88,21 @@ CASES = [
         id="bad dtype",
     ),
     pytest.param(
+        {"models": [_model(kv_cache_mb=0)]},
+        "s.yaml: models[0].kv_cache_mb: must be an integer ≥ 1 (MiB), got 0",
+        id="kv_cache_mb 0",
+    ),
+    pytest.param(
+        {"models": [_model(kv_cache_mb="256MB")]},
+        "s.yaml: models[0].kv_cache_mb: must be an integer ≥ 1 (MiB), got '256MB'",
+        id="kv_cache_mb text",
+    ),
+    pytest.param(
+        {"models": [_model(kv_cache_mb=True)]},
+        "s.yaml: models[0].kv_cache_mb: must be an integer ≥ 1 (MiB), got True",
+        id="kv_cache_mb bool",
+    ),
+    pytest.param(
         {"models": [_model(name="a:b")]},
         "s.yaml: models[0].name: 'a:b' is not a model name",
         id="name with colon",
@@ -216,7 +231,7 @@ def test_a_valid_file_gives_the_stack_with_paths_relative_to_the_file(files: Pat
     path = files / "stack.yaml"
     raw = {
         "models": [
-            _model(name="mine", workers=3, device="cuda:1", dtype="bfloat16", pin=["b"]),
+            _model(name="mine", workers=3, device="cuda:1", dtype="bfloat16", kv_cache_mb=256, pin=["b"]),
             {"path": "tiny"},
         ],
         "api_keys": {"sk-a": "team-a"},
@@ -226,7 +241,7 @@ def test_a_valid_file_gives_the_stack_with_paths_relative_to_the_file(files: Pat
     }
     path.write_text(yaml.safe_dump(raw))
     stack = load_stack(path)
-    mine = ModelSpec("mine", str(files / "ckpt"), files / "adapters", 3, "cuda:1", "bfloat16", ("b",))
+    mine = ModelSpec("mine", str(files / "ckpt"), files / "adapters", 3, "cuda:1", "bfloat16", ("b",), 256)
     tiny = ModelSpec("tiny", "tiny", stack_sources.shipped_adapters("tiny"))
     assert stack.models == (mine, tiny) and stack.workers == 4
     assert stack.api_keys == {"sk-a": "team-a"} and stack.admin_token == "adm"

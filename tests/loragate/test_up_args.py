@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from loragate import stack_sources
-from loragate.stack_config import StackConfig, StackError
+from loragate.stack_config import StackConfig, StackError, parse_stack
+from loragate.up import _worker_args
 from loragate.up_args import DEFAULT_AUTO, build_parser, stack_from_args
 
 
@@ -27,12 +28,14 @@ def _stack(*argv: str) -> StackConfig:
 
 
 def test_default_serves_smollm2_with_its_adapters_and_tiny_as_autos_cheap_tier() -> None:
-    stack = _stack("--workers", "3", "--device", "cpu")
+    stack = _stack("--workers", "3", "--device", "cpu", "--kv-cache-mb", "256")
     smollm2, tiny = stack.models
     assert (smollm2.name, smollm2.source, smollm2.workers, smollm2.device) == ("smollm2", "smollm2", 3, "cpu")
     assert smollm2.adapters == stack_sources.shipped_adapters("smollm2")
     assert smollm2.adapters is not None and smollm2.adapters.parent.name == "modelzoo"
     assert (tiny.name, tiny.workers, tiny.device, tiny.dtype) == ("tiny", 1, "cpu", None)
+    assert smollm2.kv_cache_mb == tiny.kv_cache_mb == 256  # every worker's
+    assert _stack().models[0].kv_cache_mb is None  # unset: the worker sizes its own
     assert stack.auto == DEFAULT_AUTO and stack.port == 8000
     assert stack_sources.prepare_commands(m.source for m in stack.models) == [
         ["models", "pull", "smollm2"],
@@ -50,7 +53,7 @@ def test_model_dir_serves_it_alone_named_after_the_directory(ckpt: Path) -> None
         str(ckpt / "my-model"),
         ckpt / "adapters",
     )
-    assert (model.workers, model.device, model.dtype) == (1, None, "float16")
+    assert (model.workers, model.device, model.dtype, model.kv_cache_mb) == (1, None, "float16", None)
     assert stack.auto == ({"model": "my-model"},)
     assert stack_sources.prepare_commands(m.source for m in stack.models) == []
     named = _stack("--model", str(ckpt / "my-model"), "--model-name", "mine", "--workers", "2")
@@ -75,6 +78,8 @@ def test_model_smollm2_is_pulled_and_served_alone() -> None:
         (["--model", "MISSING", "--workers", "1"], "--model: "),
         (["--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N, got 'tpu'"),
         (["--dtype", "int8"], "--dtype: must be one of auto, float32, bfloat16, float16, got 'int8'"),
+        (["--kv-cache-mb", "0"], "--kv-cache-mb: must be an integer ≥ 1 (MiB), got 0"),
+        (["-c", "s.yaml", "--kv-cache-mb", "64"], "--kv-cache-mb: cannot be combined with -c/--config"),
         (["--port", "0"], "--port: must be an integer from 1 to 65535, got 0"),
         (["--model", "smollm2", "--model-name", "a/b"], "--model-name: 'a/b' is not a model name"),
     ],
@@ -118,3 +123,22 @@ def test_up_stays_light_it_never_imports_torch() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_each_models_device_dtype_and_kv_cache_reach_every_one_of_its_workers(ckpt: Path) -> None:
+    raw = {
+        "models": [
+            {"name": "a", "path": "my-model", "workers": 2, "device": "cpu", "kv_cache_mb": 64},
+            {"name": "b", "path": "my-model", "dtype": "float16"},
+        ]
+    }
+    workers = _worker_args(parse_stack(raw, "s.yaml", ckpt), "x1")
+
+    def placed(args: list[str]) -> dict[str, str]:
+        return {f: args[args.index(f) + 1] for f in ("--device", "--dtype", "--kv-cache-mb") if f in args}
+
+    assert {w: placed(args) for w, args in workers.items()} == {
+        "a-0-x1": {"--device": "cpu", "--kv-cache-mb": "64"},
+        "a-1-x1": {"--device": "cpu", "--kv-cache-mb": "64"},
+        "b-2-x1": {"--dtype": "float16"},  # unset: the worker's own defaults
+    }
