@@ -1,9 +1,9 @@
 // Register-blocked inner loops of the CPU paged decode attention (`paged_decode_cpu.cpp`), for head sizes
-// that are a multiple of 16 (one or more `vf` vectors), on fp32 rows: an fp32 cache's rows in place, a
+// that are a multiple of 16 (one or more vectors), on fp32 rows: an fp32 cache's rows in place, a
 // 16-bit cache's rows widened into a buffer first.
 //
 // Scores: per query head, a run of up to 16 keys' dots at once (D / 16 FMAs per key into one accumulator
-// per key), reduced by one shuffle tree (`reduce16`). Weighted values: a few query heads at once, so that
+// per key; with AVX2 8 keys at once, D / 8 FMAs each), reduced by one shuffle tree (`reduce_lanes`). Weighted values: a few query heads at once, so that
 // 8 independent accumulators keep the FMA units busy (one head of D = 32 alone is a chain of 2). Each score
 // and each output sums in the same order wherever its sequence sits in the batch.
 //
@@ -20,8 +20,37 @@
 
 namespace loragate_decode {
 
-using loragate_sgmv::load_vf;
-using loragate_sgmv::vf;
+// Vectors of the target's own width: 16 floats (one zmm) with AVX-512, else 8 (one ymm). GCC keeps a generic
+// vector wider than the registers in memory and moves it lane by lane (10x slower on an AVX2 Zen 3).
+#if defined(__AVX512F__)
+constexpr int NL = 16;
+#else
+constexpr int NL = 8;
+#endif
+using vn = float __attribute__((vector_size(NL * sizeof(float))));
+
+inline vn load_vn(const float* p) {
+  vn v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// One vector of NL sums from NL vectors: out[k] = sum over lanes of acc[k], every input by the same tree.
+inline vn reduce_lanes(const vn* acc) {
+#if defined(__AVX512F__)
+  return loragate_sgmv::reduce16(acc);
+#else
+  vn h[4], q[2];
+  for (int i = 0; i < 4; ++i)
+    h[i] = __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < 2; ++i)
+    q[i] = __builtin_shufflevector(h[2 * i], h[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+           __builtin_shufflevector(h[2 * i], h[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(q[0], q[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(q[0], q[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
 
 // The lines of one region (the next block) fetched a few at a time between pieces of work: a block's
 // worth at once (up to 192 lines) would wait on the core's few line-fill buffers.
@@ -42,9 +71,9 @@ struct Ahead {
 };
 
 // scores[hq * n + j] = q[hq] · keys[j][hq / group] for j < count (<= 16) and every query head hq, where key
-// row j starts at keys + j * token and holds the KV heads' DIM values each. Always 16 dots, unrolled, so
-// that the 16 accumulators stay in registers as 16 independent chains; a short run repeats its last row
-// (those sums are never stored).
+// row j starts at keys + j * token and holds the KV heads' DIM values each. NL dots at a time (all 16 with
+// AVX-512, two passes of 8 with AVX2), unrolled, so that the NL accumulators stay in registers as
+// independent chains; a short run repeats its last row (those sums are never stored).
 template <int DIM>
 inline void score_run(float* scores, const float* qf, const float* keys, int64_t count, int64_t token,
                       int64_t heads, int64_t group, int64_t n, Ahead& ahead) {
@@ -53,42 +82,46 @@ inline void score_run(float* scores, const float* qf, const float* keys, int64_t
   for (int64_t hq = 0; hq < heads; ++hq) {
     ahead.step();
     const int64_t kv = (hq / group) * DIM;
-    vf acc[16] = {};
+    for (int j0 = 0; j0 < count; j0 += NL) {
+      vn acc[NL] = {};
 #pragma GCC unroll 16
-    for (int c = 0; c < DIM / 16; ++c) {
-      const vf qv = load_vf(qf + hq * DIM + 16 * c);
+      for (int c = 0; c < DIM / NL; ++c) {
+        const vn qv = load_vn(qf + hq * DIM + NL * c);
 #pragma GCC unroll 16
-      for (int j = 0; j < 16; ++j) acc[j] += qv * load_vf(row[j] + kv + 16 * c);
+        for (int j = 0; j < NL; ++j) acc[j] += qv * load_vn(row[j0 + j] + kv + NL * c);
+      }
+      const vn sums = reduce_lanes(acc);
+      std::memcpy(scores + hq * n + j0, &sums, std::min<int64_t>(NL, count - j0) * sizeof(float));
     }
-    const vf sums = loragate_sgmv::reduce16(acc);
-    std::memcpy(scores + hq * n, &sums, count * sizeof(float));
   }
 }
 
-// acc[hq] += sum_j weights[hq * n + j] * values[j][hq / group] for H query heads from hq0, j < count.
+// acc[hq] += sum_j weights[hq * n + j] * values[j][hq / group] for H query heads from hq0, j < count; at most
+// 8 vectors of each head's output summed at once (a head of 128 takes two passes with AVX2).
 template <int DIM, int H>
 inline void weigh_heads(float* acc, const float* weights, const float* values, int64_t count, int64_t token,
                         int64_t hq0, int64_t group, int64_t n) {
-  constexpr int C = DIM / 16;
-  vf a[H][C];
+  constexpr int C = DIM / NL < 8 ? DIM / NL : 8;  // vectors per head per pass
   const float* vh[H];
-  for (int h = 0; h < H; ++h) {
-    vh[h] = values + ((hq0 + h) / group) * DIM;
-    for (int c = 0; c < C; ++c) a[h][c] = load_vf(acc + (hq0 + h) * DIM + 16 * c);
+  for (int h = 0; h < H; ++h) vh[h] = values + ((hq0 + h) / group) * DIM;
+  for (int c0 = 0; c0 < DIM / NL; c0 += C) {
+    vn a[H][C];
+    for (int h = 0; h < H; ++h)
+      for (int c = 0; c < C; ++c) a[h][c] = load_vn(acc + (hq0 + h) * DIM + NL * (c0 + c));
+    for (int64_t j = 0; j < count; ++j)
+      for (int h = 0; h < H; ++h) {
+        const vn w = vn{} + weights[(hq0 + h) * n + j];
+        for (int c = 0; c < C; ++c) a[h][c] += w * load_vn(vh[h] + j * token + NL * (c0 + c));
+      }
+    for (int h = 0; h < H; ++h) std::memcpy(acc + (hq0 + h) * DIM + NL * c0, a[h], sizeof(a[h]));
   }
-  for (int64_t j = 0; j < count; ++j)
-    for (int h = 0; h < H; ++h) {
-      const float w = weights[(hq0 + h) * n + j];
-      for (int c = 0; c < C; ++c) a[h][c] += w * load_vf(vh[h] + j * token + 16 * c);
-    }
-  for (int h = 0; h < H; ++h) std::memcpy(acc + (hq0 + h) * DIM, a[h], sizeof(a[h]));
 }
 
 // acc[hq] += sum_j weights[hq * n + j] * values[j][hq / group] for every query head, j < count (<= 16).
 template <int DIM>
 inline void weigh_run(float* acc, const float* weights, const float* values, int64_t count, int64_t token,
                       int64_t heads, int64_t group, int64_t n, Ahead& ahead) {
-  constexpr int H = DIM / 16 >= 8 ? 1 : 8 / (DIM / 16);  // heads at once: 8 accumulators
+  constexpr int H = DIM / NL >= 8 ? 1 : 8 / (DIM / NL);  // heads at once: 8 accumulators
   int64_t hq = 0;
   for (; hq + H <= heads; hq += H) {
     for (int h = 0; h < H; ++h) ahead.step();  // one step per query head, as score_run
