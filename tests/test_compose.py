@@ -133,12 +133,18 @@ class _OtlpSink(BaseHTTPRequestHandler):
         pass
 
 
+# Each worker's KV pool here (MiB), appended to its command: by default a worker commits a quarter of the
+# host's available memory at start (5.5 GB for SmolLM2 on a CI runner: 7 s), sized for a machine of its own.
+KV_CACHE_MB = {"smollm2": 256, "tiny": 64}
+
+
 @contextlib.contextmanager
 def _run_services(
     compose: dict[str, Any], zoo: ZooPaths, tmp_path: Path, one_shots: list[str], workers: dict[str, str]
 ) -> Iterator[tuple[LocalCompose, str]]:
     """Runs redis, the one-shots (each must complete), the gateway and `workers` (service -> base model)
-    from their compose commands; yields once the gateway sees every worker and each passes its checks."""
+    from their compose commands (each worker with a test-sized KV pool, KV_CACHE_MB); yields once the
+    gateway sees every worker and each passes its checks."""
     assert zoo.root.name == "zoo-v1"  # compose's models volume holds /models/zoo-v1
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpSink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
@@ -157,8 +163,9 @@ def _run_services(
         local.wait("redis healthy", lambda: local.healthcheck("redis", {"redis-cli": redis_cli}), 30)
         for name in one_shots:  # must complete successfully (what is already built or fetched: at once)
             assert local.start_loragate(name).wait(timeout=600) == 0, local.logs()
-        for name in ("gateway", *workers):
-            local.start_loragate(name)
+        local.start_loragate("gateway")
+        for name, model in workers.items():
+            local.start_loragate(name, ["--kv-cache-mb", str(KV_CACHE_MB[model])])
         url = f"http://127.0.0.1:{local.ports[('gateway', '8000')]}"
 
         def fleet_ready() -> bool:
