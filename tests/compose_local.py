@@ -143,11 +143,14 @@ class LocalCompose:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.workdir.glob("*.log")))
 
     def stop(self) -> None:
-        for proc in self.procs.values():
+        """SIGTERM every service, SIGKILL what is left after 30 s; what it stopped is forgotten (a second
+        call stops nothing)."""
+        procs, self.procs = self.procs, {}
+        for proc in procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
-        for proc in self.procs.values():
+        for proc in procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             with contextlib.suppress(ProcessLookupError):

