@@ -10,9 +10,9 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from loragate import contracts
@@ -38,78 +38,94 @@ def demand(stack: Stack) -> dict[str, int]:
     return {k: v for k, v in got.json().items() if k != "model"}
 
 
-@contextlib.contextmanager
-def scaled_to_zero(zoo: ZooPaths, tmp_path: Path, limit: int) -> Iterator[tuple[Stack, redis.Redis, str]]:
-    """A stack with `model_queue_max=limit` whose only worker answered one request (so the fleet knows
-    `tiny`) and then died: (the stack, a Redis client, that answer's text)."""
+@pytest.fixture(scope="module")
+def fleet(
+    zoo: ZooPaths, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Stack, redis.Redis, str]]:
+    """The module's stack, with `model_queue_max=2`, whose first worker answered one request (so the fleet
+    knows `tiny`): (the stack, a Redis client, that answer's text)."""
     with redis_process(persistent=False) as server:
         r = redis.Redis.from_url(server.url, socket_timeout=10)
-        stack = Stack(zoo, server.url, tmp_path, model_queue_max=limit)
+        stack = Stack(zoo, server.url, tmp_path_factory.mktemp("model-queue"), model_queue_max=2)
         try:
             stack.start_worker("w1")
             stack.start_gateway()
             stack.wait_ready(workers=1)
             first = httpx.post(f"{stack.url}/v1/completions", json=BODY, headers=KEY, timeout=30)
             assert first.status_code == 200, first.text
-            stack.kill_worker("w1")
-            wait_for(lambda: no_workers(stack), "w1's heartbeat to lapse")
             yield stack, r, first.json()["choices"][0]["text"]
         finally:
             stack.stop()
             r.close()
 
 
-def test_requests_wait_for_the_first_worker_and_the_stream_is_bounded(zoo: ZooPaths, tmp_path: Path) -> None:
+@pytest.fixture
+def scaled_to_zero(fleet: tuple[Stack, redis.Redis, str]) -> tuple[Stack, redis.Redis, str]:
+    """The module's stack with every worker it has (the first, or an earlier test's) dead and gone from
+    the fleet, and nothing on the model's shared stream."""
+    stack, r, _ = fleet
+    for worker_id in list(stack.workers):
+        stack.kill_worker(worker_id)
+    wait_for(lambda: no_workers(stack), "the dead workers' heartbeats to lapse")
+    assert r.xlen(contracts.model_queue("tiny")) == 0
+    return fleet
+
+
+def test_requests_wait_for_the_first_worker_and_the_stream_is_bounded(
+    scaled_to_zero: tuple[Stack, redis.Redis, str],
+) -> None:
     shared = contracts.model_queue("tiny")
-    with scaled_to_zero(zoo, tmp_path, limit=2) as (stack, r, first_text):
-        answers: dict[str, httpx.Response] = {}
+    stack, r, first_text = scaled_to_zero
+    answers: dict[str, httpx.Response] = {}
 
-        def ask(name: str, stream: bool) -> None:
-            body = {**BODY, "stream": stream}
-            answers[name] = httpx.post(f"{stack.url}/v1/completions", json=body, headers=KEY, timeout=120)
+    def ask(name: str, stream: bool) -> None:
+        body = {**BODY, "stream": stream}
+        answers[name] = httpx.post(f"{stack.url}/v1/completions", json=body, headers=KEY, timeout=120)
 
-        waiting = [threading.Thread(target=ask, args=(n, n == "b"), daemon=True) for n in ("a", "b")]
-        for i, t in enumerate(waiting):
-            t.start()
-            wait_for(lambda i=i: r.xlen(shared) > i, "the request on the shared stream")
-        assert r.xlen(shared) == 2 and not answers  # both wait: no 503
-        assert demand(stack) == {"workers": 0, "outstanding": 0, "waiting_for_worker": 2, "demand": 2}
-        assert httpx.get(f"{stack.url}/ready", timeout=10).status_code == 200  # in its Service
-        full = httpx.post(f"{stack.url}/v1/completions", json=BODY, headers=KEY, timeout=30)
-        assert full.status_code == 429, full.text
-        assert full.json()["error"]["code"] == "overloaded" and full.headers["retry-after"]
+    waiting = [threading.Thread(target=ask, args=(n, n == "b"), daemon=True) for n in ("a", "b")]
+    for i, t in enumerate(waiting):
+        t.start()
+        wait_for(lambda i=i: r.xlen(shared) > i, "the request on the shared stream")
+    assert r.xlen(shared) == 2 and not answers  # both wait: no 503
+    assert demand(stack) == {"workers": 0, "outstanding": 0, "waiting_for_worker": 2, "demand": 2}
+    assert httpx.get(f"{stack.url}/ready", timeout=10).status_code == 200  # in its Service
+    full = httpx.post(f"{stack.url}/v1/completions", json=BODY, headers=KEY, timeout=30)
+    assert full.status_code == 429, full.text
+    assert full.json()["error"]["code"] == "overloaded" and full.headers["retry-after"]
 
-        stack.start_worker("w2")  # the cold start: it takes both from the stream
-        for t in waiting:
-            t.join(120)
-        assert answers["a"].status_code == 200, answers["a"].text
-        assert answers["a"].headers["x-loragate-worker"] == "w2"
-        assert answers["a"].json()["choices"][0]["text"] == first_text
-        assert answers["b"].status_code == 200 and "data: [DONE]" in answers["b"].text
-        assert r.xlen(shared) == 0
-        wait_for(lambda: demand(stack)["outstanding"] == 0, "the finished requests' acks")
-        assert demand(stack) == {"workers": 1, "outstanding": 0, "waiting_for_worker": 0, "demand": 0}
+    stack.start_worker("w2")  # the cold start: it takes both from the stream
+    for t in waiting:
+        t.join(120)
+    assert answers["a"].status_code == 200, answers["a"].text
+    assert answers["a"].headers["x-loragate-worker"] == "w2"
+    assert answers["a"].json()["choices"][0]["text"] == first_text
+    assert answers["b"].status_code == 200 and "data: [DONE]" in answers["b"].text
+    assert r.xlen(shared) == 0
+    wait_for(lambda: demand(stack)["outstanding"] == 0, "the finished requests' acks")
+    assert demand(stack) == {"workers": 1, "outstanding": 0, "waiting_for_worker": 0, "demand": 0}
 
 
-def test_a_client_that_leaves_takes_its_request_off_the_shared_stream(zoo: ZooPaths, tmp_path: Path) -> None:
+def test_a_client_that_leaves_takes_its_request_off_the_shared_stream(
+    scaled_to_zero: tuple[Stack, redis.Redis, str],
+) -> None:
     shared = contracts.model_queue("tiny")
-    with scaled_to_zero(zoo, tmp_path, limit=4) as (stack, r, _):
-        rid = contracts.scoped_request_id("alice", "leaves-1")
+    stack, r, _ = scaled_to_zero
+    rid = contracts.scoped_request_id("alice", "leaves-1")
 
-        def leave() -> None:  # no byte comes while it waits: the read timeout closes the connection
-            headers = {**KEY, "X-Request-Id": "leaves-1"}
-            with contextlib.suppress(httpx.ReadTimeout):
-                body = {**BODY, "stream": True}
-                limit = httpx.Timeout(30, read=3)
-                httpx.post(f"{stack.url}/v1/completions", json=body, headers=headers, timeout=limit)
+    def leave() -> None:  # no byte comes while it waits: the read timeout closes the connection
+        headers = {**KEY, "X-Request-Id": "leaves-1"}
+        with contextlib.suppress(httpx.ReadTimeout):
+            body = {**BODY, "stream": True}
+            limit = httpx.Timeout(30, read=3)
+            httpx.post(f"{stack.url}/v1/completions", json=body, headers=headers, timeout=limit)
 
-        client = threading.Thread(target=leave, daemon=True)
-        client.start()
-        wait_for(lambda: r.xlen(shared) == 1, "the request on the shared stream")
-        client.join(30)
-        wait_for(lambda: r.xlen(shared) == 0, "the cancel to take it off the stream")
-        stack.start_worker("w2")
-        stack.wait_ready(workers=1)
-        time.sleep(1.0)  # a worker that took it would be streaming tokens by now
-        events = [OutputEvent.from_json(f[b"e"]) for _, f in r.xrange(contracts.output("tiny", rid))]
-        assert [e.finish_reason for e in events] == ["abort"] and not events[0].token_ids
+    client = threading.Thread(target=leave, daemon=True)
+    client.start()
+    wait_for(lambda: r.xlen(shared) == 1, "the request on the shared stream")
+    client.join(30)
+    wait_for(lambda: r.xlen(shared) == 0, "the cancel to take it off the stream")
+    stack.start_worker("w3")
+    stack.wait_ready(workers=1)
+    time.sleep(1.0)  # a worker that took it would be streaming tokens by now
+    events = [OutputEvent.from_json(f[b"e"]) for _, f in r.xrange(contracts.output("tiny", rid))]
+    assert [e.finish_reason for e in events] == ["abort"] and not events[0].token_ids
