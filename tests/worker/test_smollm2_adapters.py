@@ -18,7 +18,9 @@ from worker.engine import LLMEngine
 from worker.modelzoo.train_adapters import SHIPPED_DIR, SPECS
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_TOKENS = 20
+# Every task's adapter changes its answer within the first three tokens (most at the first), so 12
+# greedy tokens compare both the adapters' and the base model's decoding well past where they part.
+MAX_TOKENS = 12
 
 
 def test_every_task_has_a_shipped_adapter_in_peft_fp16_format() -> None:
