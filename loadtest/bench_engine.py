@@ -12,7 +12,10 @@ longest member, and the extra tokens are not counted. `tokens_match` checks the 
 against a per-request HF+peft reference on a sample. The last line printed is one JSON object.
 
     python -m loadtest.bench_engine [--model tiny|small|smollm2] [--requests 128] [--hf-batch-size 32]
-        [--max-num-seqs 128] [--device auto|cpu|cuda[:N]] [--dtype auto|float32|bfloat16|float16]
+        [--max-num-seqs 128] [--max-tokens N] [--device auto|cpu|cuda[:N]]
+        [--dtype auto|float32|bfloat16|float16]
+
+`--max-tokens N` caps each request's output tokens (quick runs, tests: the same prompts and adapters).
 
 `--rounds N` times each loragate engine N times, alternated ABBA (figures: each one's median run); then
 both serve the workload at once, a step of each in turn, each timed on its own steps
@@ -38,7 +41,7 @@ from tqdm import tqdm
 from kernels.triton_variants import compiled_keys, total_variants
 from loadtest.bench_models import bench_model, run_header
 from loadtest.hf_reference import HFReference
-from loadtest.workload import make_workload
+from loadtest.workload import capped, make_workload
 from loragate.types import Request, RequestOutput
 from worker.config import EngineConfig
 from worker.device import SWITCH, add_device_args, add_switch, device_args
@@ -199,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--check-sample", type=int, default=6, help="requests compared with HF+peft")
+    parser.add_argument("--max-tokens", type=int, help="cap each request's output tokens (quick runs, tests)")
     parser.add_argument("--max-loras", type=int, default=16)
     parser.add_argument(
         "--max-num-seqs", type=int, default=EngineConfig().max_num_seqs, help="the engines' running-batch cap"
@@ -239,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = LLMEngine(model_dir, config)
     compiled.append(total_variants())
     after_warmup = compiled_keys()
-    requests = make_workload(bench.workload, engine.info.vocab_size, list(adapters))
+    requests = capped(make_workload(bench.workload, engine.info.vocab_size, list(adapters)), args.max_tokens)
     base_engine = LLMEngine(model_dir, replace(config, adapters={}))
     base_requests = [replace(r, adapter=None) for r in requests]
     lora_runs: list[EngineRun] = []

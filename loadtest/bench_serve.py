@@ -50,7 +50,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -64,7 +63,7 @@ from loadtest.procs import BenchError, CPUMeter, raise_fd_limit
 from loadtest.serve_clients import StreamStats, run_clients, summarize
 from loadtest.serve_stack import API_KEY, ServeStack
 from loadtest.vllm_server import served_vllm, vllm_figures
-from loadtest.workload import make_workload
+from loadtest.workload import capped, make_workload
 from loragate.types import Request, SamplingParams
 from worker.config import EngineConfig
 from worker.device import add_device_args, device_args
@@ -152,10 +151,7 @@ def offline(
     engine = LLMEngine(bench.model_dir, config)
     requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
     warm = warmup_requests(warmups, list(bench.adapters), bench.workload.min_token_id)
-    if cap is not None:
-        requests = [
-            replace(r, params=replace(r.params, max_tokens=min(cap, r.params.max_tokens))) for r in requests
-        ]
+    requests = capped(requests, cap)
     engine.generate(warm)
     tok_s = run_loragate(engine, requests, "offline engine").tok_s
     per_level = {}

@@ -10,6 +10,9 @@ synchronizes first, which slows the run but keeps the split honest) and runs the
 - `step_other`: the step outside the forward (scheduling, batch layout, sampling, detokenizing).
 
     python -m loadtest.profile_engine [--model smollm2] [--requests 48] [--base] [--dtype float32] [--kineto]
+        [--max-tokens N]
+
+`--max-tokens N` caps each request's output tokens (quick runs, tests: the same prompts and adapters).
 
 `--kineto` runs the workload under torch's profiler instead, unsynchronized, and reports how busy the
 device was: its kernels' time against the wall clock, kernel launches per step and the kernels that took
@@ -36,7 +39,7 @@ from tqdm import tqdm
 
 import worker.model as model_module
 from loadtest.bench_models import bench_model
-from loadtest.workload import make_workload
+from loadtest.workload import capped, make_workload
 from loragate.types import Request
 from worker.config import EngineConfig
 from worker.device import SWITCH, add_device_args, add_switch, device_args, dtype_name, is_cuda
@@ -140,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-loras", type=int, default=16, help="device adapter slots (as bench_engine)")
     parser.add_argument("--base", action="store_true", help="no adapters (the base model's profile)")
     parser.add_argument("--kineto", action="store_true", help="device busy share under torch's profiler")
+    parser.add_argument("--max-tokens", type=int, help="cap each request's output tokens (quick runs, tests)")
     add_switch(
         parser,
         "--cuda-graphs",
@@ -157,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype, cuda_graphs=graphs
         ),
     )
-    requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
+    requests = capped(
+        make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters)), args.max_tokens
+    )
     if args.base:
         requests = [replace(r, adapter=None) for r in requests]
     engine.generate(

@@ -7,7 +7,7 @@ picks a system prompt (Zipf over `num_system_prompts`), then a private suffix up
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loragate.types import Request, SamplingParams
 
@@ -51,3 +51,14 @@ def make_workload(spec: WorkloadSpec, vocab_size: int, adapters: list[str]) -> l
         params = SamplingParams(max_tokens=rng.randint(*spec.output_len), ignore_eos=True)
         requests.append(Request(f"req-{i}", tuple(prompt), params, adapter))
     return requests
+
+
+def capped(requests: list[Request], max_tokens: int | None) -> list[Request]:
+    """`requests` with each one's output tokens capped at `max_tokens` (None: as they are); a benchmark's
+    `--max-tokens`, for quick runs and tests: the same prompts, adapters and order, less decoding."""
+    if max_tokens is None:
+        return requests
+    return [
+        replace(r, params=replace(r.params, max_tokens=min(max_tokens, r.params.max_tokens)))
+        for r in requests
+    ]
