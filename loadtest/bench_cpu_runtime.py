@@ -12,14 +12,15 @@ machine's drift between two whole runs, so the variants are interleaved finely i
   - a variant's figure is the median over rounds of its throughput divided by the first variant's in the
     same round.
 
-    python -m loadtest.bench_cpu_runtime [--model smollm2] [--rounds 8] \\
+    python -m loadtest.bench_cpu_runtime [--model smollm2] [--rounds 8] [--max-tokens N] \\
         --variant plain= --variant tcmalloc=LD_PRELOAD=/path/libtcmalloc_minimal.so.4 \\
         --variant iomp5+tcmalloc=LD_PRELOAD=/path/libiomp5.so:/path/libtcmalloc_minimal.so.4
 
-A variant is `NAME=` (this process's environment) or `NAME=VAR=VALUE[,VAR=VALUE...]`. The last line
-printed is one JSON object: `baseline` (the first variant) and per variant its environment, the torch
-threads its engine ran (`threads`), `tok_s` (its
-median slice throughput), `ratio` (its median ratio to the baseline) and `ratios` (each round's).
+`--max-tokens N` caps each request's output tokens (quick runs, tests: the same prompts). A variant is
+`NAME=` (this process's environment) or `NAME=VAR=VALUE[,VAR=VALUE...]`. The last line printed is one JSON
+object: `baseline` (the first variant) and per variant its environment, the torch threads its engine ran
+(`threads`), `tok_s` (its median slice throughput), `ratio` (its median ratio to the baseline) and
+`ratios` (each round's).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=128, help="the workload's requests")
     p.add_argument("--slice", type=int, default=32, help="requests each child runs per turn")
     p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, help="cap each request's output tokens (quick runs, tests)")
     p.add_argument("--max-num-seqs", type=int, default=128, help="each engine's running-batch cap")
     p.add_argument("--kv-cache-mb", type=int, default=2048, help="each engine's KV pool (committed at start)")
     p.add_argument("--variant", action="append", default=[], help="NAME= or NAME=VAR=VALUE[,VAR=VALUE...]")
@@ -117,7 +119,8 @@ def make_job(args: argparse.Namespace) -> dict[str, Any]:
 
     adapters = bench_vllm.build_parser().get_default("adapters")  # bench_vllm's requests, adapters removed
     base = bench_vllm.make_jobs(args.model, args.dtype, adapters, args.requests)["base"]
-    rs = base["requests"]
+    cap = args.max_tokens
+    rs = [{**r, "max_tokens": min(cap, r["max_tokens"])} if cap else r for r in base["requests"]]
     return {
         "model_dir": base["model_dir"],
         "dtype": args.dtype,

@@ -32,7 +32,7 @@ def test_each_variant_is_its_median_ratio_to_the_baseline_in_the_same_round() ->
 def test_two_variants_run_interleaved_each_in_its_own_environment(
     zoo: ZooPaths, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--model", "tiny", "--requests", "16", "--slice", "8", "--rounds", "2"]
+    argv = ["--model", "tiny", "--requests", "16", "--slice", "8", "--rounds", "2", "--max-tokens", "16"]
     argv += ["--max-num-seqs", "8", "--kv-cache-mb", "32", "--variant", "two=OMP_NUM_THREADS=2"]
     assert bench_cpu_runtime.main([*argv, "--variant", "one=OMP_NUM_THREADS=1"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
