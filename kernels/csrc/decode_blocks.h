@@ -20,37 +20,12 @@
 
 namespace loragate_decode {
 
-// Vectors of the target's own width: 16 floats (one zmm) with AVX-512, else 8 (one ymm). GCC keeps a generic
-// vector wider than the registers in memory and moves it lane by lane (10x slower on an AVX2 Zen 3).
-#if defined(__AVX512F__)
-constexpr int NL = 16;
-#else
-constexpr int NL = 8;
-#endif
-using vn = float __attribute__((vector_size(NL * sizeof(float))));
+// Vectors of the target's own width (`sgmv_blocks.h`): 16 floats (one zmm) with AVX-512, else 8 (one ymm).
+constexpr int NL = loragate_sgmv::VL;
+using vn = loragate_sgmv::vf;
+using loragate_sgmv::reduce_lanes;
 
-inline vn load_vn(const float* p) {
-  vn v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// One vector of NL sums from NL vectors: out[k] = sum over lanes of acc[k], every input by the same tree.
-inline vn reduce_lanes(const vn* acc) {
-#if defined(__AVX512F__)
-  return loragate_sgmv::reduce16(acc);
-#else
-  vn h[4], q[2];
-  for (int i = 0; i < 4; ++i)
-    h[i] = __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-           __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-  for (int i = 0; i < 2; ++i)
-    q[i] = __builtin_shufflevector(h[2 * i], h[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
-           __builtin_shufflevector(h[2 * i], h[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
-  return __builtin_shufflevector(q[0], q[1], 0, 2, 4, 6, 8, 10, 12, 14) +
-         __builtin_shufflevector(q[0], q[1], 1, 3, 5, 7, 9, 11, 13, 15);
-#endif
-}
+inline vn load_vn(const float* p) { return loragate_sgmv::load_vf(p); }
 
 // The lines of one region (the next block) fetched a few at a time between pieces of work: a block's
 // worth at once (up to 192 lines) would wait on the core's few line-fill buffers.
