@@ -200,15 +200,17 @@ def vllm_env(python: str, kv_gb: int) -> dict[str, str]:
     return env
 
 
-def run_child(args: list[str], env: dict[str, str], log: Path, out: Path) -> dict[str, Any]:
+def run_child(
+    args: list[str], env: dict[str, str], log: Path, out: Path, timeout_s: float = 3600
+) -> dict[str, Any]:
     """Run one child to its end (in a session of its own, killed whole afterwards: vLLM starts processes of
-    its own) and read what it wrote to `out`."""
+    its own; also when it runs past `timeout_s`) and read what it wrote to `out`."""
     with log.open("wb") as f:
         proc = spawn(
             args, env={**os.environ, **env}, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
         try:
-            code = proc.wait(timeout=3600)
+            code = proc.wait(timeout=timeout_s)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
