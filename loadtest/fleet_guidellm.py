@@ -18,7 +18,9 @@ report's first benchmark maps to our figures as follows:
   time-weighted rates over the benchmark's window, i.e. about tokens (requests) / duration.
 
 guidellm gets one scheduler worker process per 4 cores, 1 to 4 (its default is 10 spawned processes, each
-importing torch, which on a small machine takes the CPU the server needs and draws 429s). Pinned in the
+importing torch, which on a small machine takes the CPU the server needs and draws 429s), and its data
+loader prepares `max_requests` prompts ahead, not its default 4,096 (each one tokenized, while the server
+runs: on a small machine that took 12 s before the first request and drew 429s). Pinned in the
 `fleet` extra (guidellm==0.8.1): its option schema changes between minors.
 """
 
@@ -62,6 +64,8 @@ def guidellm_command(
         ("--data", data),
         ("--tokenizer", {"kind": "huggingface_auto", "model": str(tokenizer_dir)}),
         ("--constraint", {"kind": "max_requests", "count": max_requests}),
+        # A run needs `max_requests` prompts, not the 4,096 its data loader makes ahead by default.
+        ("--data-loader", {"kind": "pytorch", "prefetch_factor": max(max_requests, 16)}),
         ("--output", {"kind": "json", "path": str(report)}),
     ]
     cmd = [shutil.which("guidellm") or "guidellm", "run", "--disable-console-interactive"]
