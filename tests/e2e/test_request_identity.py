@@ -31,6 +31,7 @@ import redis
 from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import Request, SamplingParams
+from tests.e2e.offline import one_thread
 from tests.e2e.stack import Stack, running_stack
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
@@ -39,6 +40,12 @@ from worker.modelzoo.make import ZooPaths
 KEYS = {"alice": "sk-test-alice", "bob": "sk-test-bob"}
 MAX_NUM_SEQS = 4
 LONG = 600  # tokens: still running when a second client of the same id comes and goes
+# The prompts generated LONG tokens long: their references are made in one batch (as cheap as one).
+LONG_PROMPTS = (
+    "async def fetch_all(urls):\n",
+    "def merge_sort(items):\n",
+    "class LRUCache:\n    def __init__(self, capacity):\n",
+)
 KILL_REQUESTS = int(os.environ.get("LORAGATE_E2E_KILL_REQUESTS", "32"))
 
 
@@ -98,7 +105,8 @@ def references(engine: LLMEngine, prompts: list[str], max_tokens: int) -> list[s
         for i, p in enumerate(missing)
     ]
     if reqs:
-        texts = [c.text for c in engine.generate(reqs)]
+        with one_thread():
+            texts = [c.text for c in engine.generate(reqs)]
         _REFERENCES.update(((p, max_tokens), t) for p, t in zip(missing, texts, strict=True))
     return [_REFERENCES[p, max_tokens] for p in prompts]
 
@@ -261,8 +269,8 @@ def test_an_intruder_that_leaves_does_not_cancel_the_owners_request(
     stack: Stack, offline: LLMEngine, r: redis.Redis, owner_stream: bool
 ) -> None:
     rid = f"owned-{owner_stream}-{time.monotonic_ns()}"
-    prompt = "async def fetch_all(urls):\n"
-    (ref,) = references(offline, [prompt], LONG)
+    prompt = LONG_PROMPTS[0]
+    ref = references(offline, list(LONG_PROMPTS), LONG)[0]
     stack.wait_idle()
 
     async def main() -> Result:
@@ -287,8 +295,8 @@ def test_a_request_dropped_mid_generation_and_retried_comes_back_complete(
     stack: Stack, offline: LLMEngine, r: redis.Redis, stream: bool
 ) -> None:
     rid = f"dropped-{stream}-{time.monotonic_ns()}"
-    prompt = "def merge_sort(items):\n"
-    (ref,) = references(offline, [prompt], LONG)
+    prompt = LONG_PROMPTS[1]
+    ref = references(offline, list(LONG_PROMPTS), LONG)[1]
     stack.wait_idle()
 
     async def main() -> Result:
@@ -321,8 +329,8 @@ def test_a_handler_whose_request_another_handler_cancelled_continues_it(
     """Two handlers relay one request (a retry came while the first try's client was still there); the
     retry's client leaves and cancels it: the first handler continues it, and its answer is complete."""
     rid = f"two-handlers-{time.monotonic_ns()}"
-    prompt = "class LRUCache:\n    def __init__(self, capacity):\n"
-    (ref,) = references(offline, [prompt], LONG)
+    prompt = LONG_PROMPTS[2]
+    ref = references(offline, list(LONG_PROMPTS), LONG)[2]
     stack.wait_idle()
 
     async def main() -> Result:
