@@ -109,7 +109,8 @@ def run(
             tasks=["lg_mc", "lg_gen"],
             batch_size=batch_size,
             limit=limit,
-            task_manager=TaskManager(include_path=tmp),
+            # Only these two tasks: indexing lm-eval's own ~14,000 task configs takes longer than the run.
+            task_manager=TaskManager(include_path=tmp, include_defaults=False),
             log_samples=False,
         )
     assert results is not None
