@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 from tqdm import tqdm
 
-from worker.hub.gguf_meta import GGUFConvertError, GGUFMetadata, read_metadata
+from worker.hub.gguf_meta import GGUFConvertError, GGUFFileReader, GGUFMetadata, read_metadata
 from worker.hub.gguf_tokenizer import write_tokenizer
 
 # Bump when the converted files change, so an old conversion in the cache is redone.
@@ -177,7 +177,7 @@ def write_safetensors(
 
 def convert(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
     """Write an HF Llama checkpoint for `gguf_path` into the existing (empty) directory `out_dir`."""
-    reader = gguf.GGUFReader(gguf_path)
+    reader = GGUFFileReader(gguf_path)
     meta = read_metadata(reader, gguf_path)
     by_name = {hf_name(t.name): t for t in reader.tensors}
     shapes = {name: tuple(int(d) for d in reversed(t.shape.tolist())) for name, t in by_name.items()}
