@@ -15,9 +15,8 @@ weight produces visibly different outputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import (
@@ -34,39 +33,15 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from worker.modelzoo.base_specs import BASE_SPECS as BASE_SPECS
+from worker.modelzoo.base_specs import BaseSpec, Family
+from worker.modelzoo.base_specs import base_spec as base_spec
 from worker.modelzoo.seeding import seeded_normal
 from worker.modelzoo.tokenizer import BOS, EOS, IM_END, PAD, qwen2_pipeline
-
-Family = Literal["llama", "qwen2", "mistral"]
 
 # Norm weights of exactly 1 would hide a loader that forgets them.
 NORM_JITTER = 0.1
 
-
-@dataclass(frozen=True)
-class BaseSpec:
-    """The shape and seed of one zoo base model."""
-
-    name: str
-    family: Family
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    seed: int
-    initializer_range: float = 0.08
-    max_position_embeddings: int = 2048
-    rope_theta: float = 10000.0
-
-
-BASE_SPECS: tuple[BaseSpec, ...] = (
-    BaseSpec("tiny", "llama", 4, 256, 688, 8, 2, seed=1),
-    BaseSpec("small", "llama", 8, 512, 1376, 8, 2, seed=2),
-    # Logit spread scales with initializer_range·√hidden, so the 128-wide models need a larger range.
-    BaseSpec("tiny-qwen2", "qwen2", 2, 128, 344, 4, 2, seed=3, initializer_range=0.1),
-    BaseSpec("tiny-mistral", "mistral", 2, 128, 344, 4, 1, seed=4, initializer_range=0.1),
-)
 
 _CONFIG_CLASSES: dict[Family, type[PretrainedConfig]] = {
     "llama": LlamaConfig,
@@ -78,14 +53,6 @@ _MODEL_CLASSES: dict[Family, type[PreTrainedModel]] = {
     "qwen2": Qwen2ForCausalLM,
     "mistral": MistralForCausalLM,
 }
-
-
-def base_spec(name: str) -> BaseSpec:
-    """The spec called `name`; raises `KeyError` naming the known ones otherwise."""
-    for spec in BASE_SPECS:
-        if spec.name == name:
-            return spec
-    raise KeyError(f"unknown base model {name!r}; known: {[s.name for s in BASE_SPECS]}")
 
 
 def model_config(spec: BaseSpec, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
-from transformers.utils import logging as hf_logging
 
 from loragate.file_lock import exclusive_lock
 from loragate.paths import cache_dir
-from worker.modelzoo.adapters import ADAPTER_SPECS, build_adapter
-from worker.modelzoo.bases import BASE_SPECS, base_spec, build_base
-from worker.modelzoo.tokenizer import build_tokenizer
+from worker.modelzoo.base_specs import BASE_SPECS, base_spec
+
+# The builders (torch, transformers, peft: 10 s of imports) are imported by the functions that build, so
+# that `loragate models make` on a complete zoo, which `loragate up` runs at every start, returns at once.
 
 # Bump when the artefacts change, so an old cache is not mistaken for the current zoo.
 ZOO_VERSION = 1
@@ -73,6 +73,8 @@ def default_root() -> Path:
 
 def step_count(bases: Sequence[str] = ALL_BASES) -> int:
     """How many steps `build_into` yields for `bases` (one per tokenizer, base and adapter)."""
+    from worker.modelzoo.adapters import ADAPTER_SPECS
+
     return 1 + len(bases) + sum(len(ADAPTER_SPECS.get(name, ())) for name in bases)
 
 
@@ -81,6 +83,10 @@ def build_into(root: Path, bases: Sequence[str] = ALL_BASES) -> Iterator[str]:
 
     The manifest is written after the last step; `make_all` adds the locking and atomic rename.
     """
+    from worker.modelzoo.adapters import ADAPTER_SPECS, build_adapter
+    from worker.modelzoo.bases import build_base
+    from worker.modelzoo.tokenizer import build_tokenizer
+
     paths = ZooPaths(root)
     tokenizer = build_tokenizer()
     yield "tokenizer"
@@ -95,6 +101,8 @@ def build_into(root: Path, bases: Sequence[str] = ALL_BASES) -> Iterator[str]:
 
 def write_manifest(root: Path, bases: Sequence[str]) -> None:
     """Record the specs and a hash of every file; written last, it marks the zoo complete."""
+    from worker.modelzoo.adapters import ADAPTER_SPECS
+
     manifest = {
         "format": "loragate-modelzoo",
         "version": ZOO_VERSION,
@@ -134,6 +142,8 @@ LOCK_TIMEOUT_S = 120.0
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     # transformers draws a bar per saved checkpoint, which would shred our single build bar.
+    from transformers.utils import logging as hf_logging
+
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
