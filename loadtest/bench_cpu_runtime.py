@@ -6,7 +6,8 @@ machine's drift between two whole runs, so the variants are interleaved finely i
   - each variant is a child process of its own (`--child`, started with the variant's environment, e.g.
     `LD_PRELOAD`), holding an engine built as `loragate worker` builds it (base model, KV pool committed at
     start), warmed up off the clock;
-  - the workload (`loadtest.bench_models`, base requests) is cut in slices of `--slice` requests; a round
+  - the workload (`loadtest.bench_models`: base requests, or with `--lora` the mixed adapter requests of
+    `bench_vllm`'s LoRA job, every adapter loaded) is cut in slices of `--slice` requests; a round
     lets every child run the same slice in turn, one at a time (the others wait on a pipe, idle), every
     other round in reverse order;
   - a variant's figure is the median over rounds of its throughput divided by the first variant's in the
@@ -16,11 +17,12 @@ machine's drift between two whole runs, so the variants are interleaved finely i
         --variant plain= --variant tcmalloc=LD_PRELOAD=/path/libtcmalloc_minimal.so.4 \\
         --variant iomp5+tcmalloc=LD_PRELOAD=/path/libiomp5.so:/path/libtcmalloc_minimal.so.4
 
+`--lora` runs the mixed adapter workload (old and new kernels side by side: `NAME=PYTHONPATH=/checkout`).
 `--max-tokens N` caps each request's output tokens (quick runs, tests: the same prompts). A variant is
 `NAME=` (this process's environment) or `NAME=VAR=VALUE[,VAR=VALUE...]`. The last line printed is one JSON
-object: `baseline` (the first variant) and per variant its environment, the torch threads its engine ran
-(`threads`), `tok_s` (its median slice throughput), `ratio` (its median ratio to the baseline) and
-`ratios` (each round's).
+object: `model`, `dtype`, `lora`, `rounds`, `slice_requests`, `baseline` (the first variant) and per
+variant its environment, the torch threads its engine ran (`threads`), `tok_s` (its median slice
+throughput), `ratio` (its median ratio to the baseline) and `ratios` (each round's).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slice", type=int, default=32, help="requests each child runs per turn")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--max-tokens", type=int, help="cap each request's output tokens (quick runs, tests)")
+    p.add_argument("--lora", action="store_true", help="the mixed adapter workload, not the base one")
     p.add_argument("--max-num-seqs", type=int, default=128, help="each engine's running-batch cap")
     p.add_argument("--kv-cache-mb", type=int, default=2048, help="each engine's KV pool (committed at start)")
     p.add_argument("--variant", action="append", default=[], help="NAME= or NAME=VAR=VALUE[,VAR=VALUE...]")
@@ -76,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def child(job: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> None:
     """Build and warm the engine, say READY, then run the slice named on each line of `stdin`."""
+    from pathlib import Path
+
     import torch
 
     from loragate.types import Request, SamplingParams
@@ -89,6 +94,8 @@ def child(job: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> None:
         max_num_seqs=job["max_num_seqs"],
         kv_cache_bytes=job["kv_cache_mb"] * 2**20,
         kv_prefault=True,
+        adapters={name: Path(path) for name, path in job["adapters"].items()},
+        max_loras=max(len(job["adapters"]), 1),
     )
     engine = LLMEngine(job["model_dir"], config)
     turns = 0
@@ -99,6 +106,7 @@ def child(job: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> None:
                 f"t{turns}-{i}",
                 tuple(r["prompt"]),
                 SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
+                r["adapter"],
             )
             for i, r in enumerate(rs)
         ]
@@ -117,8 +125,10 @@ def child(job: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> None:
 def make_job(args: argparse.Namespace) -> dict[str, Any]:
     from loadtest import bench_vllm
 
-    adapters = bench_vllm.build_parser().get_default("adapters")  # bench_vllm's requests, adapters removed
-    base = bench_vllm.make_jobs(args.model, args.dtype, adapters, args.requests)["base"]
+    adapters = bench_vllm.build_parser().get_default("adapters")  # bench_vllm's requests (and adapters)
+    base = bench_vllm.make_jobs(args.model, args.dtype, adapters, args.requests)[
+        "lora" if args.lora else "base"
+    ]
     cap = args.max_tokens
     rs = [{**r, "max_tokens": min(cap, r["max_tokens"])} if cap else r for r in base["requests"]]
     return {
@@ -126,6 +136,7 @@ def make_job(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "max_num_seqs": args.max_num_seqs,
         "kv_cache_mb": args.kv_cache_mb,
+        "adapters": base["adapters"] if args.lora else {},
         "warmup": base["warmup"],
         "slices": [rs[i : i + args.slice] for i in range(0, len(rs), args.slice)],
     }
@@ -206,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     with contextlib.suppress(OSError):  # a pipe to a killed child: nothing to flush
                         pipe.close()
         os.unlink(job_file)
-    result = {"model": args.model, "dtype": args.dtype, "rounds": args.rounds, "slice_requests": args.slice}
+    result = {"model": args.model, "dtype": args.dtype, "lora": args.lora, "rounds": args.rounds}
+    result["slice_requests"] = args.slice
     print(json.dumps({**result, "baseline": names[0], "variants": summary(names, variants, rates, threads)}))
     return 0
 

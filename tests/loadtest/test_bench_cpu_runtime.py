@@ -37,10 +37,29 @@ def test_two_variants_run_interleaved_each_in_its_own_environment(
     assert bench_cpu_runtime.main([*argv, "--variant", "one=OMP_NUM_THREADS=1"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["baseline"] == "two" and result["rounds"] == 2 and result["slice_requests"] == 8
+    assert result["lora"] is False
     one, two = result["variants"]["one"], result["variants"]["two"]
     assert (one["threads"], two["threads"]) == (1, 2)  # each child got its variant's environment
     assert two["ratios"] == [1.0, 1.0] and len(one["ratios"]) == 2
     assert one["tok_s"] > 0 and two["tok_s"] > 0 and one["env"] == {"OMP_NUM_THREADS": "1"}
+
+
+def test_the_lora_workload_is_bench_vllms_mixed_adapter_job(zoo: ZooPaths) -> None:
+    argv = ["--model", "tiny", "--requests", "12", "--slice", "5", "--max-tokens", "3", "--variant", "a="]
+    base = bench_cpu_runtime.make_job(bench_cpu_runtime.build_parser().parse_args([*argv, "--variant", "b="]))
+    lora = bench_cpu_runtime.make_job(bench_cpu_runtime.build_parser().parse_args([*argv, "--lora"]))
+    assert (
+        base["adapters"] == {}
+        and lora["adapters"]
+        and all((zoo.root / "adapters" / "tiny").as_posix() in path for path in lora["adapters"].values())
+    )
+    rows = [r for piece in lora["slices"] for r in piece]
+    assert [len(piece) for piece in lora["slices"]] == [5, 5, 2] and all(r["max_tokens"] <= 3 for r in rows)
+    assert {r["adapter"] for r in rows} <= set(lora["adapters"]) | {None} and any(r["adapter"] for r in rows)
+    assert [r["prompt"] for piece in base["slices"] for r in piece] == [
+        r["prompt"] for r in rows
+    ]  # one workload
+    assert all(r["adapter"] is None for piece in base["slices"] for r in piece)
 
 
 def test_fewer_than_two_variants_are_refused() -> None:
