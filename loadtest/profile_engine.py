@@ -3,7 +3,8 @@
 Wraps the model runner's parts with wall-clock timers (the CPU path is synchronous; on CUDA each timer
 synchronizes first, which slows the run but keeps the split honest) and runs the workload once:
 
-- `linear`: the base projections and the LM head (`kernels.linear` in `worker.model`);
+- `linear`: the base projections (`kernels.linear` in `worker.model`);
+- `lm_head`: the LM head, its logits or (greedy steps on a CPU) each row's pick without them;
 - `lora`: every adapter's shrink and expand (`ModelRunner._lora`);
 - `attention_decode`, `attention_prefill`, `write_kv`: the paged-attention kernels and the KV writes;
 - `model_other`: the rest of the forward (embedding, norms, RoPE, activations, residual adds);
@@ -45,7 +46,7 @@ from worker.config import EngineConfig
 from worker.device import SWITCH, add_device_args, add_switch, device_args, dtype_name, is_cuda
 from worker.engine import LLMEngine
 
-CATEGORIES = ("linear", "lora", "attention_decode", "attention_prefill", "write_kv")
+CATEGORIES = ("linear", "lm_head", "lora", "attention_decode", "attention_prefill", "write_kv")
 
 
 class Timers:
@@ -81,10 +82,14 @@ def instrument(engine: LLMEngine, timers: Timers) -> None:
         ("paged_attention_prefill", "attention_prefill"),
         ("write_kv", "write_kv"),
         ("linear", "linear"),
+        ("lm_head_logits", "lm_head"),
+        ("lm_head_argmax", "lm_head"),
     ):
         setattr(model_module, name, timers.wrap(category, getattr(model_module, name)))
     runner._lora = timers.wrap("lora", runner._lora)  # type: ignore[method-assign]
+    # A step enters the model through one of these two: logits, or greedy picks without them.
     runner.forward = timers.wrap("forward", runner.forward)  # type: ignore[method-assign]
+    runner.greedy_tokens = timers.wrap("forward", runner.greedy_tokens)  # type: ignore[method-assign]
 
 
 def run(engine: LLMEngine, requests: list[Request]) -> tuple[int, float]:
@@ -183,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     timers = Timers(is_cuda(device))
     instrument(engine, timers)
+    before = engine.snapshot()  # the warm-up request's steps are not the run's
     total, wall = run(engine, requests)
+    after = engine.snapshot()
     seconds = {c: timers.seconds[c] for c in CATEGORIES}
     seconds["model_other"] = timers.seconds["forward"] - sum(seconds.values())
     seconds["step_other"] = wall - timers.seconds["forward"]
@@ -192,9 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "output_tokens": total,
         "tok_s": round(total / wall, 1),
         "wall_s": round(wall, 2),
-        "steps": engine.snapshot().steps,
-        "graph_steps": engine.snapshot().graph_steps,
-        "preemptions": engine.snapshot().preemptions,
+        "steps": after.steps - before.steps,
+        "graph_steps": after.graph_steps - before.graph_steps,
+        "preemptions": after.preemptions - before.preemptions,
         "seconds": {c: round(s, 3) for c, s in seconds.items()},
         "share": {c: round(s / wall, 3) for c, s in seconds.items()},
         "calls": {c: timers.calls[c] for c in (*CATEGORIES, "forward")},

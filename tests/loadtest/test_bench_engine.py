@@ -104,6 +104,23 @@ def test_profile_engine_busy_share(capsys: pytest.CaptureFixture[str]) -> None:
     assert times == sorted(times, reverse=True) and times[0] > 0
 
 
+def test_profile_engine_categories_split_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """The timed categories: every step's forward is timed whichever way it enters the model (logits, or
+    the greedy pick without them), the LM head is its own category, and the parts add up to the wall."""
+    argv = ["--model", "tiny", "--requests", "3", "--adapters", "2", "--max-tokens", "12"]
+    assert profile_engine.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    seconds, calls = result["seconds"], result["calls"]
+    steps = result["steps"]  # the run's own (the warm-up request's ran before the timers)
+    assert calls["forward"] == steps == calls["lm_head"]
+    layers = 4
+    assert calls["linear"] == 4 * layers * steps and calls["lora"] == 4 * layers * steps
+    for category in ("linear", "lm_head", "lora", "attention_decode", "attention_prefill", "write_kv"):
+        assert seconds[category] > 0, category
+    assert seconds["model_other"] >= 0 and seconds["step_other"] >= 0
+    assert sum(seconds.values()) == pytest.approx(result["wall_s"], abs=0.01)
+
+
 def test_steady_rate_leaves_out_the_first_and_last_tenth() -> None:
     # A slow first step (2 s for 10 tokens), then 10 tokens every 0.1 s up to 100.
     marks = [(2.0, 10)] + [(2.0 + 0.1 * i, 10 + 10 * i) for i in range(1, 10)]
