@@ -78,6 +78,21 @@ def no_retry() -> Retry:
     return Retry(NoBackoff(), 0)  # redis-py's default (`retry=None`) would retry 3 times
 
 
+class ClusterClient(redis.RedisCluster):
+    """redis-py's cluster client whose `close` also closes its node connections.
+
+    Built from a URL, redis-py (8.1) gives each node's client a connection pool that client does not own,
+    so `RedisCluster.close` left every node's sockets open until garbage collection (a `ResourceWarning`
+    then), and a process that replaces its client kept them."""
+
+    def close(self) -> None:
+        nodes = self.get_nodes() if getattr(self, "nodes_manager", None) else []
+        super().close()
+        for node in nodes:
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+
+
 def connect_sync(url: str | None, socket_timeout: float = 10.0, idempotent: bool = False) -> redis.Redis:
     """A blocking client (the worker's). Its reads are short (`BLOCK` ≤ 100 ms), so a socket timeout bounds
     how long a server that stopped answering (without closing the connection) can hold a thread. It
@@ -89,7 +104,7 @@ def connect_sync(url: str | None, socket_timeout: float = 10.0, idempotent: bool
         "socket_connect_timeout": 2.0,
     }
     if is_cluster(resolved):
-        return cast(redis.Redis, redis.RedisCluster.from_url(_plain(resolved), **options))
+        return cast(redis.Redis, ClusterClient.from_url(_plain(resolved), **options))
     return redis.Redis.from_url(resolved, **options)
 
 

@@ -22,6 +22,7 @@ from redis.cluster import key_slot
 
 from loragate import contracts
 from loragate.messages import OutputEvent
+from loragate.redis_url import connect_sync
 from tests.e2e.stack import ADMIN_TOKEN, Stack
 from tests.e2e.test_openai_api import _stream_text, expected_texts
 from tests.redis_cluster import RedisCluster3, redis_cluster
@@ -197,7 +198,7 @@ def test_a_client_that_leaves_cancels_its_request_across_the_cluster(stack: Stac
         for line in resp.iter_lines():
             if line.startswith("data: {"):
                 break  # one chunk, then leave
-    client = redis.RedisCluster.from_url(stack.redis_url.replace("redis+cluster", "redis"), socket_timeout=10)
+    client = connect_sync(stack.redis_url)
     try:
         key = contracts.output("tiny", contracts.scoped_request_id("alice", rid))
         deadline, events = time.monotonic() + 30, []

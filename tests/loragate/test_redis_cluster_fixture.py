@@ -1,6 +1,7 @@
 """The test helper `tests.redis_cluster` starts a real 3-master Redis Cluster: every master owns slots, hash
 tags place keys on chosen nodes, same-slot multi-key commands work through `redis.cluster.RedisCluster`,
-cross-slot ones are refused, and `stop` leaves no node process behind.
+cross-slot ones are refused, and `stop` leaves no node process behind. And loragate's blocking cluster client
+(`loragate.redis_url.connect_sync`) closes its connections to every node when it is closed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 import redis
 from redis.exceptions import ClusterCrossSlotError, CrossSlotTransactionError, RedisClusterException
 
+from loragate.redis_url import connect_sync
 from tests.redis_cluster import RedisCluster3, redis_cluster
 
 
@@ -48,6 +50,27 @@ def test_three_masters_are_ok_and_split_all_16384_slots(cluster: RedisCluster3) 
     assert sorted(owned) == sorted(cluster.node_urls)
     assert all(n > 0 for n in owned.values())
     assert sum(owned.values()) == 16384 * 3
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_sync_cluster_client_leaves_no_connection_on_any_node(cluster: RedisCluster3) -> None:
+    observers = [redis.Redis.from_url(url, socket_timeout=5) for url in cluster.node_urls]
+    try:
+
+        def clients() -> list[int]:
+            return [len(o.client_list()) for o in observers]
+
+        before = clients()
+        r = connect_sync(cluster.url)
+        for tag in _tags_on_every_node(cluster):
+            r.set(f"{tag}close-{os.getpid()}", 1)  # a connection to every master
+        opened = clients()
+        assert all(o > b for o, b in zip(opened, before, strict=True)), (before, opened)
+        r.close()
+        assert clients() == before  # redis-py's own close left every node's socket open
+    finally:
+        for o in observers:
+            o.close()
 
 
 @pytest.mark.timeout(60)
