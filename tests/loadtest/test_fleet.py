@@ -89,7 +89,7 @@ def test_a_small_run_reports_real_and_simulated_figures(
         [
             "--out", str(out), "--requests", "16", "--rate", "8", "--adapters", "6",
             "--profiles", "default,round-robin", "--sim-workers", "8", "--burst-size", "4",
-            "--repeats", "1", "--warm-requests", "4",
+            "--repeats", "1", "--warm-requests", "0",
         ]
     )  # fmt: skip
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
