@@ -59,8 +59,9 @@ def test_a_prefill_step_reuses_the_last_ones_pages(zoo: ZooPaths, capsys: pytest
     assert bench_host_memory.main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["default_prefill_faults"] > 20_000  # the control: 45 MB of activations alone are 11k pages
-    # Kept, the buffers settle within a few steps (the heap finds room for each size): none fault by the last.
-    assert result["kept_prefill_faults_last"] < result["default_prefill_faults_last"] / 10
+    # Kept, the buffers settle within a few steps (the heap finds room for each size): by the last step few
+    # fault (0-3k on a quiet AMD host, once 9k in a loaded CI run) where glibc's defaults fault 60-70k.
+    assert result["kept_prefill_faults_last"] < result["default_prefill_faults_last"] / 5
     for key in ("prefill_ms", "decode_ms", "decode_faults", "maxrss_mb"):
         assert result[f"kept_{key}"] >= 0 and result[f"default_{key}"] >= 0
     assert result["prefill_speedup"] > 0 and result["decode_speedup"] > 0
