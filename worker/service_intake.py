@@ -192,6 +192,13 @@ class Intake:
             return
         # The output stream is the truth about what the client already has: continue right after it.
         resumed = replace(msg, resume_token_ids=tuple(streamed))
+        if streamed:
+            log.info(
+                "resuming %s after %d streamed tokens (attempt %d)",
+                msg.request_id,
+                len(streamed),
+                msg.attempt,
+            )
         started = time.perf_counter()
         try:
             timeline, request = self._request(msg, resumed.resume_token_ids, text)

@@ -31,7 +31,7 @@ import redis
 from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import Request, SamplingParams
-from tests.e2e.offline import one_thread
+from tests.e2e.offline import continued, one_thread, resume_cuts
 from tests.e2e.stack import Stack, running_stack
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
@@ -40,11 +40,14 @@ from worker.modelzoo.make import ZooPaths
 KEYS = {"alice": "sk-test-alice", "bob": "sk-test-bob"}
 MAX_NUM_SEQS = 4
 LONG = 600  # tokens: still running when a second client of the same id comes and goes
-# The prompts generated LONG tokens long: their references are made in one batch (as cheap as one).
+# The prompts generated LONG tokens long: their references are made in one batch (as cheap as one). Their
+# greedy runs have no near-tie (the top two log-probabilities 1.7e-3 apart at least): a request continued
+# after an abort is prefilled again, and a tie closer than fp32's rounding may go either way there (the
+# prompt "class LRUCache:..." had one 2.9e-6 apart at token 108), see `continued_reference`.
 LONG_PROMPTS = (
     "async def fetch_all(urls):\n",
     "def merge_sort(items):\n",
-    "class LRUCache:\n    def __init__(self, capacity):\n",
+    "def binary_search(items, target):\n",
 )
 KILL_REQUESTS = int(os.environ.get("LORAGATE_E2E_KILL_REQUESTS", "32"))
 
@@ -109,6 +112,14 @@ def references(engine: LLMEngine, prompts: list[str], max_tokens: int) -> list[s
             texts = [c.text for c in engine.generate(reqs)]
         _REFERENCES.update(((p, max_tokens), t) for p, t in zip(missing, texts, strict=True))
     return [_REFERENCES[p, max_tokens] for p in prompts]
+
+
+def continued_reference(engine: LLMEngine, prompt: str, ref: str, text: str, cuts: list[int]) -> str:
+    """`ref` when `text` is it, else the reference of the request as its workers continued it after
+    `cuts` streamed tokens (prefilled again there: a near-tie may go the other way, `tests.e2e.offline`)."""
+    if text == ref:
+        return ref
+    return continued(engine, prompt, SamplingParams(max_tokens=LONG, ignore_eos=True), cuts)
 
 
 def body(prompt: str, max_tokens: int, stream: bool = True) -> dict[str, object]:
@@ -299,7 +310,7 @@ def test_a_request_dropped_mid_generation_and_retried_comes_back_complete(
     ref = references(offline, list(LONG_PROMPTS), LONG)[1]
     stack.wait_idle()
 
-    async def main() -> Result:
+    async def main() -> tuple[Result, int]:
         if stream:
             await read_then_leave(stack.url, "alice", body(prompt, LONG), rid, 8)
         else:  # the client gives up while the whole answer is being generated
@@ -312,12 +323,15 @@ def test_a_request_dropped_mid_generation_and_retried_comes_back_complete(
                 waiting.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await waiting
-        cut = wait_for_abort(r, "alice", rid)
-        assert 0 < sum(len(e.token_ids) for e in cut) < LONG  # it was cut short mid-generation
+        cut = sum(len(e.token_ids) for e in wait_for_abort(r, "alice", rid))
+        assert 0 < cut < LONG  # it was cut short mid-generation
         async with client_for(stack) as client:
-            return await complete(client, "alice", body(prompt, LONG, stream), rid)
+            return await complete(client, "alice", body(prompt, LONG, stream), rid), cut
 
-    retried = asyncio.run(main())
+    retried, streamed = asyncio.run(main())
+    # The retry continued it right after the tokens streamed before the abort.
+    assert resume_cuts(stack.workdir, contracts.scoped_request_id("alice", rid)) == [streamed]
+    ref = continued_reference(offline, prompt, ref, retried.text, [streamed])
     assert retried.ok and retried.finish == "length" and retried.text == ref, retried
     assert retried.completion_tokens == LONG
 
@@ -345,9 +359,12 @@ def test_a_handler_whose_request_another_handler_cancelled_continues_it(
             return await first
 
     first = asyncio.run(main())
-    assert first.ok and first.finish == "length" and first.text == ref, first
     qid = contracts.scoped_request_id("alice", rid)
     assert f"continuing {qid} " in (stack.workdir / "gateway.log").read_text()
+    cuts = resume_cuts(stack.workdir, qid)  # where its worker continued it
+    assert len(cuts) == 1 and 0 < cuts[0] < LONG, cuts
+    ref = continued_reference(offline, prompt, ref, first.text, cuts)
+    assert first.ok and first.finish == "length" and first.text == ref, first
 
 
 @pytest.mark.timeout(600)
