@@ -32,20 +32,21 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-from peft import PeftModel
 from tqdm import tqdm
 
 from kernels.triton_variants import compiled_keys, total_variants
 from loadtest.bench_models import bench_model, run_header
-from loadtest.hf_reference import HFReference
 from loadtest.workload import capped, make_workload
 from loragate.types import Request, RequestOutput
 from worker.config import EngineConfig
 from worker.device import SWITCH, add_device_args, add_switch, device_args
 from worker.engine import LLMEngine
+
+if TYPE_CHECKING:
+    from loadtest.hf_reference import HFReference
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,8 @@ def run_hf(
 ) -> float:
     """Static batches through `generate`: with each request's adapter when `ref` holds adapters (peft's
     mixed `adapter_names`), else the plain transformers model."""
+    from peft import PeftModel
+
     total = sum(r.params.max_tokens for r in requests)
     model = ref.model
     mixed = isinstance(model, PeftModel)
@@ -270,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for kernel, keys in compiled_keys().items():  # what the warm-up missed, for whoever extends it
         for key in sorted(keys - after_warmup.get(kernel, set())):
             print(f"compiled after the warm-up: {kernel} {key}", file=sys.stderr)
+
+    # transformers and peft only here: the modules that reuse this one's runs (`bench_serve`, `bench_vllm`,
+    # `lora_cost`) do not wait ~8 s for their imports.
+    from loadtest.hf_reference import HFReference
 
     hf_tok_s = hf_base_tok_s = None
     ref = HFReference(model_dir, adapters, dtype=dtype, device=device)

@@ -16,12 +16,14 @@ import copy
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
-from peft.tuners.lora import LoraLayer
 from torch import nn
-from transformers import PreTrainedModel
+
+if TYPE_CHECKING:  # peft (and transformers with it) take ~8 s to import: only where adapters are built
+    from peft import LoraConfig, PeftModel
+    from transformers import PreTrainedModel
 
 from worker.modelzoo.seeding import seeded_normal
 
@@ -49,6 +51,8 @@ class AdapterSpec:
 
     def lora_config(self, base_name: str) -> LoraConfig:
         """The PEFT config; `base_model_name_or_path` is the zoo base name, not a build-time path."""
+        from peft import LoraConfig
+
         return LoraConfig(
             r=self.rank,
             lora_alpha=self.alpha,
@@ -90,6 +94,8 @@ ADAPTER_SPECS: dict[str, tuple[AdapterSpec, ...]] = {
 
 def init_lora(model: PeftModel, key: str, strength: float) -> None:
     """Draw every LoRA A/B from name-keyed generators, then rescale B to the target `strength`."""
+    from peft.tuners.lora import LoraLayer
+
     with torch.no_grad():
         for name, module in model.named_modules():
             if not isinstance(module, LoraLayer) or _ADAPTER not in module.lora_A:
@@ -112,6 +118,8 @@ def _linear_weight(module: nn.Module) -> torch.Tensor:
 
 def create_adapter(base: PreTrainedModel, base_name: str, spec: AdapterSpec) -> PeftModel:
     """`spec` applied to a copy of `base` (which is left untouched), with its weights initialised."""
+    from peft import get_peft_model
+
     copied = copy.deepcopy(base)
     # PEFT records the model's own name_or_path; a zoo name is stable, a build-time path is not.
     copied.name_or_path = base_name
