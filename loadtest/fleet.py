@@ -157,31 +157,16 @@ def goodput_sweep(
 
 
 def outside_tool(
-    args: argparse.Namespace,
-    requests: list[SimRequest],
-    work: Path,
-    links: dict[str, Path],
-    flags: list[str],
-    profile: str,
+    args: argparse.Namespace, requests: list[SimRequest], url: str, work: Path, profile: str
 ) -> dict[str, Any]:
-    """guidellm on a fresh stack with `profile`, at the same rate, as many requests of the workload's mean
-    prompt and output lengths (its own synthetic prompts: no shared prefixes, no adapters)."""
-    if args.no_guidellm or not guidellm_available():
-        return {"skipped": "--no-guidellm" if args.no_guidellm else "guidellm is not installed"}
+    """guidellm against the stack at `url` (the last profile run's, after that run) with `profile`, at the
+    same rate, as many requests of the workload's mean prompt and output lengths (its own synthetic
+    prompts: no shared prefixes, no adapters)."""
     prompt = round(sum(r.prompt_tokens for r in requests) / len(requests))
     output = round(sum(r.output_tokens for r in requests) / len(requests))
     try:
         figures = run_tool(
-            profile,
-            work,
-            ensure_zoo().base("tiny"),
-            links,
-            args.workers,
-            flags,
-            args.rate,
-            len(requests),
-            prompt,
-            output,
+            url, profile, ensure_zoo().base("tiny"), args.rate, len(requests), prompt, output, work
         )
     except RuntimeError as e:  # guidellm failed or served nothing: the report says so, the run goes on
         return {"profile": profile, "error": str(e)[-500:]}
@@ -273,10 +258,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             head = requests[: args.warm_requests]
             run_profile(names[0], head, Path(tmp) / "warm", zoo.base("tiny"), links, args.workers, flags)
         order = rounds(names, args.repeats)
+        tool: dict[str, Any] = {
+            "skipped": "--no-guidellm" if args.no_guidellm else "guidellm is not installed"
+        }
+        wanted = not args.no_guidellm and guidellm_available()
+
+        def guidellm(url: str) -> None:  # on the last run's stack, once that run is done
+            tool.clear()
+            tool.update(outside_tool(args, requests, url, Path(tmp) / "guidellm", names[0]))
+
         for i, name in enumerate(tqdm(order, desc="real fleet, profile runs", unit="run")):
             work = Path(tmp) / f"{name}-{i}"
-            runs[name].append(run_profile(name, requests, work, zoo.base("tiny"), links, args.workers, flags))
-        tool = outside_tool(args, requests, Path(tmp) / "guidellm", links, flags, names[0])
+            then = guidellm if wanted and i == len(order) - 1 else None
+            runs[name].append(
+                run_profile(name, requests, work, zoo.base("tiny"), links, args.workers, flags, then=then)
+            )
     real = {n: runs[n][0] for n in names}  # the plots over time (queue depth) show each profile's first run
     engine = calibrated(pooled(runs[names[0]]), args)
     sim = sim_profiles(requests, args.workers, engine, names, 0, range(args.seed, args.seed + args.sim_seeds))

@@ -6,7 +6,8 @@ with its Prometheus metrics) per profile, so no profile inherits another's cache
 default. The workload is replayed open-loop: each request is sent at its arrival time (streamed, token
 ids as the prompt, greedy, exactly its output length), whatever the ones before it are doing. Recorded:
 each request's TTFT, inter-token gaps, cached prompt tokens and worker; every `poll_s` each worker's
-queue length (`/admin/workers`); at the end each worker's adapter loads and prefix-cache counters.
+queue length (`/admin/workers`); at the end each worker's adapter loads and prefix-cache counters. A run
+may hand its stack on afterwards (`then`): the outside tool (`run_tool`) runs on the last one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import copy
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,7 +136,10 @@ def run_profile(
     worker_flags: list[str],
     time_scale: float = 1.0,
     poll_s: float = 0.25,
+    then: Callable[[str], None] | None = None,
 ) -> RealRun:
+    """`requests` replayed on a fresh stack with `profile`; `then(url)` on the same stack afterwards, before
+    it stops (outside the run's figures and counters)."""
     work.mkdir(parents=True, exist_ok=True)
     with ServeStack(
         work, model_dir, MODEL, adapters, worker_flags, workers=workers, admin_token=ADMIN_TOKEN, metrics=True
@@ -156,40 +161,26 @@ def run_profile(
 
         stats, wall, depth = asyncio.run(main())
         counters = scrape(stack.metrics_urls)
+        if then is not None:
+            then(stack.url)
     return RealRun(
         profile, stats, wall, depth, counters, int(state["kv_blocks_total"]), int(state["max_adapters"])
     )
 
 
 def run_tool(
+    url: str,
     profile: str,
-    work: Path,
     model_dir: Path,
-    adapters: dict[str, Path],
-    workers: int,
-    worker_flags: list[str],
     rate: float,
     requests: int,
     prompt_tokens: int,
     output_tokens: int,
+    out_dir: Path,
 ) -> dict[str, float]:
-    """guidellm (`loadtest.fleet_guidellm`) against a fresh stack like `run_profile`'s, at `rate`."""
-    work.mkdir(parents=True, exist_ok=True)
-    with ServeStack(
-        work, model_dir, MODEL, adapters, worker_flags, workers=workers, admin_token=ADMIN_TOKEN
-    ) as stack:
-        stack.wait_ready()
-        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        resp = httpx.put(f"{stack.url}/admin/policy", json=fleet_policy(profile), headers=headers, timeout=10)
-        resp.raise_for_status()
-        return run_guidellm(
-            stack.url,
-            API_KEY,
-            MODEL,
-            model_dir,
-            rate,
-            requests,
-            prompt_tokens,
-            output_tokens,
-            work / "guidellm",
-        )
+    """guidellm (`loadtest.fleet_guidellm`) at `rate` against the stack at `url`, its policy's default
+    `profile` (put there first)."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    resp = httpx.put(f"{url}/admin/policy", json=fleet_policy(profile), headers=headers, timeout=10)
+    resp.raise_for_status()
+    return run_guidellm(url, API_KEY, MODEL, model_dir, rate, requests, prompt_tokens, output_tokens, out_dir)
