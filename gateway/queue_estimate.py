@@ -6,9 +6,15 @@ Requests ahead. A new request for model m from tenant t waits behind
   * the requests on m's workers that are not running yet: Σ over its live workers of
     max(0, outstanding − slots). Outstanding is the fleet snapshot (kept current between refreshes);
     slots, how many sequences a worker runs at once, is learned from its heartbeats (`WorkerSlots`): the
-    `running` it reports while requests wait in it, or more if it later runs more with none waiting.
-    A worker never seen full counts no backlog: it may well run a sudden burst at once, and its last
-    heartbeat (up to a second old) cannot say;
+    `running` it reports while requests wait in it for room, or more if it later runs more with none
+    waiting. Requests wait for room when its batch is full (`max_running`) or its KV pool could not take
+    one more request of the longest length; otherwise they only wait for their turn at the per-step
+    prefill budget (a burst is admitted a few prompts a step) and start within steps, so that heartbeat
+    says nothing of the worker's capacity (learning from it refused a burst of 32 on a worker that runs
+    32 at once with 429s whose `Retry-After` pushed their TTFTs past 10 s). A worker that does not report
+    its capacity is taken as full whenever requests wait in it. A worker never seen full counts no
+    backlog: it may well run a sudden burst at once, and its last heartbeat (up to a second old) cannot
+    say;
   * the requests that leave this gateway's fair queue before it: the tenant's own queued ones plus, from
     every other waiting tenant u, min(queued_u, queued_t + 1). The fair queue serves backlogged tenants
     in turn, so a tenant that floods waits behind its own backlog, and a light tenant is not refused
@@ -40,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gateway.fleet import WorkerView
+from loragate.messages import WorkerState
 
 TAIL_Z = 2.0  # standard deviations of the wait added to its mean (see the module docstring)
 
@@ -90,7 +97,7 @@ class WorkerSlots:
     def observe(self, workers: Iterable[WorkerView]) -> None:
         for w in workers:
             state = w.state
-            if state.waiting > 0:  # full: what it runs is what it can run now (sequences or KV blocks)
+            if state.waiting > 0 and waits_for_room(state):  # full: what it runs is what it can run now
                 self.slots[state.worker_id] = state.running
             elif state.worker_id in self.slots:  # it runs more than it did when last full
                 self.slots[state.worker_id] = max(self.slots[state.worker_id], state.running)
@@ -99,6 +106,15 @@ class WorkerSlots:
         """Requests on these workers that are not running yet (queued in Redis or waiting in an engine)."""
         self.observe(workers)
         return sum(max(0, w.load - self.slots.get(w.state.worker_id, w.load)) for w in workers)
+
+
+def waits_for_room(state: WorkerState) -> bool:
+    """Whether a worker's waiting requests wait for room: its batch is full, or its KV pool has fewer
+    free blocks than a request of the longest length takes (True when it does not report these)."""
+    if not state.max_running or not state.kv_blocks_total:
+        return True
+    longest = -(-state.max_model_len // max(1, state.block_size))
+    return state.running >= state.max_running or state.kv_blocks_free < longest
 
 
 def fleet_rate(workers: Iterable[WorkerView], tokens_per_request: float | None) -> float:

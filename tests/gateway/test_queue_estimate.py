@@ -59,6 +59,34 @@ def test_slots_outlive_a_stale_heartbeat_and_grow_when_a_worker_runs_more() -> N
     assert slots.backlog([view("w1", 10, 5, waiting=3)]) == 5
 
 
+def reporting(
+    worker_id: str, outstanding: int, running: int, waiting: int, kv_free: int, max_running: int = 32
+) -> WorkerView:
+    """A worker that reports its capacity: a batch of `max_running`, 1,000 KV blocks of 16 tokens, requests
+    of up to 2,048 tokens (128 blocks)."""
+    state = WorkerState(
+        worker_id, "tiny", "/m", 2048, running=running, waiting=waiting, max_running=max_running,
+        kv_blocks_total=1000, kv_blocks_free=kv_free, block_size=16,
+    )  # fmt: skip
+    return WorkerView(state, outstanding)
+
+
+def test_requests_waiting_for_their_prefill_turn_do_not_make_a_worker_full() -> None:
+    """A burst of 32 on a worker that runs 32: its heartbeat says 4 running, 28 waiting (a few prompts a
+    step fit the prefill budget), with room in its batch and its KV pool: no slots learned, no backlog."""
+    slots = WorkerSlots()
+    assert slots.backlog([reporting("w1", 32, 4, 28, kv_free=900)]) == 0
+    assert slots.slots == {}
+    # Its batch full: it runs 32, the rest waits for room.
+    assert slots.backlog([reporting("w1", 40, 32, 8, kv_free=600)]) == 8
+    assert slots.slots == {"w1": 32}
+    # Its KV pool short of one more longest request (128 blocks): what it runs is its room now.
+    slots = WorkerSlots()
+    assert slots.backlog([reporting("w2", 30, 20, 10, kv_free=127)]) == 10
+    assert slots.backlog([reporting("w2", 30, 20, 10, kv_free=128)]) == 10  # learned: kept, not lowered
+    assert slots.backlog([reporting("w2", 30, 24, 6, kv_free=128)]) == 6  # runs more: more slots
+
+
 def test_fleet_rate_from_heartbeats() -> None:
     workers = [view("w1", 0, 0, decode_tok_s=100.0), view("w2", 0, 0, decode_tok_s=50.0)]
     assert fleet_rate(workers, 30.0) == 5.0
