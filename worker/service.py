@@ -1,10 +1,11 @@
 """The worker service: drives the engine step by step and talks only to Redis.
 
 Loop: cancellations (`worker.service_cancels`) → when idle, a blocking read of the queue (`worker.
-service_intake`) → one engine step → one pipeline, one round trip, with all of the step's Redis I/O:
-each request's output event on `lg:out:{id}` (`worker.service_outputs`), the `XACK` of requests whose
-last event that was (never before it), the previous step's KV events (`worker.kv_events`), and a
-non-blocking read of newly queued requests (only as many as the engine can start soon, so the rest wait
+service_intake`) → one engine step → the step's writes handed to a thread of their own (`worker.
+service_writes`: one pipeline with each request's output event on `lg:out:{id}`, `worker.
+service_outputs`, the `XACK` of requests whose last event that was, never before it, and the previous
+step's KV events, `worker.kv_events`), sent while the engine computes the next step → a non-blocking read
+of newly queued requests, when the engine has room (only as many as it can start soon, so the rest wait
 in Redis where they can be re-routed). The heartbeat has a thread of its own (`worker.heartbeat`), fed a
 state snapshot by this loop, so a long step never makes the worker look dead. SIGTERM drains: the
 heartbeat says `draining`, no new admissions, running requests finish (and those whose guides still
@@ -45,6 +46,7 @@ from worker.service_cancels import CancelFeed
 from worker.service_compiles import CompileFn
 from worker.service_intake import Intake
 from worker.service_outputs import OutputWriter
+from worker.service_writes import StepWrite, StepWriter
 
 log = logging.getLogger("loragate.worker")
 
@@ -65,6 +67,7 @@ class WorkerService:
         tracer: Tracer | None = None,
         heartbeat: Heartbeat | None = None,
         compile_fn: CompileFn | None = None,
+        overlap_writes: bool = True,
     ):
         self.engine, self.redis, self.worker_id, self.model_name = engine, r, worker_id, model_name
         # No command of this loop may reach a restarted Redis before `_resync` has repaired it.
@@ -84,9 +87,10 @@ class WorkerService:
             compile_fn,
         )
         self.outputs = OutputWriter(self.ledger, worker_id, tracer)
+        self.kv_events = KVEventLog(model_name, worker_id)
+        self.writes = StepWriter(r, model_name, self.intake.add_acks, self.kv_events.add, overlap_writes)
         self.cancels = CancelFeed(r)
         self.heartbeat = heartbeat or Heartbeat(r, worker_id, model_name)
-        self.kv_events = KVEventLog(model_name, worker_id)
         self.draining = threading.Event()
         self.stopped = threading.Event()
         self.run_id: str | None = None  # the Redis server (process) this worker last synced with
@@ -112,6 +116,7 @@ class WorkerService:
             with contextlib.suppress(*OUTAGE_ERRORS):  # KV events only steer routing
                 self.kv_events.emit(self.redis, self.kv_events.deferred)
         finally:
+            self.writes.close()
             self.heartbeat.remove()
             self.cancels.close()
             self.intake.close()
@@ -134,6 +139,8 @@ class WorkerService:
                 self._serve()
                 return
             except OUTAGE_ERRORS as e:  # pause stepping: the ledger keeps whatever was not written
+                with contextlib.suppress(*OUTAGE_ERRORS):  # a write in flight: wait for it, it may have gone
+                    self._settle()
                 outage.failed(e)
                 if self.draining.is_set():
                     self._abandon()
@@ -160,6 +167,7 @@ class WorkerService:
             self._poll_cancels()
             self.intake.start_compiled()
             if not self.engine.has_work() and not self.intake.aborted:
+                self._settle()  # the last step's write, before the loop waits for work
                 self.kv_events.emit(self.redis, self.kv_events.deferred)
                 self.kv_events.deferred = []
                 if not self.intake.compiles:
@@ -174,6 +182,7 @@ class WorkerService:
                     self.intake.compiles.ready.wait(COMPILE_WAIT_S)
                 continue
             self._flush(self.engine.step() + self.intake.take_aborted())
+        self._settle()
 
     def _has_work(self) -> bool:
         """Requests running, or held but not yet in the engine (their guides compiling): a drain waits."""
@@ -232,31 +241,43 @@ class WorkerService:
 
     # -- a step's I/O -----------------------------------------------------------------------------
     def _flush(self, outputs: list[RequestOutput]) -> None:
-        """All of a step's Redis I/O in one round trip (one pipeline, executed in order): each request's
-        output event, then the acks of finished requests (so a request is acknowledged only after its last
-        event is written), then the previous step's KV events, then a non-blocking read of newly queued
-        requests, which join the batch at the next step."""
-        pipe = self.redis.pipeline(transaction=True)  # MULTI: an output refused (e.g. OOM) aborts its ack too
-        # Recorded before the write: if Redis fails now, `_resync` writes whatever did not arrive.
-        finished = self.outputs.add(pipe, outputs)
-        self.intake.add_acks(pipe, [self.active[rid].entry_id for rid in finished])
+        """A step's Redis I/O. Its output events are recorded, then handed with the acks of finished
+        requests (written after their last events) and the previous step's KV events to the writer, once
+        the previous step's write has gone through; then, if the engine has room, a non-blocking read of
+        newly queued requests, which join the batch at the next step."""
+        write = StepWrite()
+        # Recorded before the write: if Redis fails, `_resync` writes whatever did not arrive.
+        self.outputs.record(write, outputs)
+        write.acks = [self.active[rid].entry_id for rid in write.finished]
         # A step's KV events go out with the next step's outputs (or when the engine idles), so the
         # first token of a new request does not share its write, and the routers' reads, with them.
-        self.kv_events.add(pipe, self.kv_events.deferred)
-        self.kv_events.deferred = self.engine.drain_events()
-        peeking = not self.draining.is_set() and self.intake.add_peek(pipe)
-        polling = not self.draining.is_set() and self.intake.add_read(pipe)
-        replies = pipe.execute(raise_on_error=False)
-        tail = int(peeking) + int(polling)  # the reads' replies: an error there is handled below
-        for reply in replies[: len(replies) - tail]:
-            if isinstance(reply, Exception):
-                raise reply
-        self.outputs.delivered(finished)
-        self._decode_rate.add(sum(len(o.new_token_ids) for o in outputs))
+        write.kv, self.kv_events.deferred = self.kv_events.deferred, self.engine.drain_events()
+        self._settle()
+        if write:
+            self.writes.submit(write)
+        if not self.draining.is_set():
+            self._read()
+
+    def _settle(self) -> None:
+        """Wait for the step write in flight (raises its error); once written, its finished requests
+        retire."""
+        if (done := self.writes.settle()) is not None:
+            self.outputs.delivered(done.finished)
+            self._decode_rate.add(done.tokens)
+
+    def _read(self) -> None:
+        """Newly queued requests, as many as there is room for: this worker's own queue, then the
+        model's shared stream (its entries moved onto our queue, started by the next read)."""
+        pipe = self.redis.pipeline(transaction=False)
+        peeking = self.intake.add_peek(pipe)
+        polling = self.intake.add_read(pipe)
+        if not (peeking or polling):
+            return
+        replies = pipe.execute(raise_on_error=False)  # a read's error is handled below
         if polling:
             self.intake.take_read(replies[-1])
-        if peeking:  # room left after our own queue: take from the model's shared stream
-            self.intake.steal(replies[-1 - int(polling)])
+        if peeking:
+            self.intake.steal(replies[0])
 
     # -- state, for the heartbeat -----------------------------------------------------------------
     def state(self) -> WorkerState:

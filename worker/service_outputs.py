@@ -2,23 +2,27 @@
 
 Each event is recorded in the ledger (`worker.ledger`) before it is written, so whatever a failing Redis
 does not receive can be written again after the outage; the writes go into the service's per-step
-pipeline, whose acks (`worker.service_intake`) follow them, so a request is acknowledged only after its
-last event is stored. Once that pipeline has gone through, the finished requests are retired and their
-trace spans emitted (`worker.tracing_spans`). `already_streamed` reads a stream back: where a request
+write (`worker.service_writes`), whose acks follow them, so a request is acknowledged only after its last
+event is stored. Once that write has gone through, the finished requests are retired and their trace
+spans emitted (`worker.tracing_spans`). `already_streamed` reads a stream back: where a request
 that was started before (on this worker or another) must continue.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import redis
 from opentelemetry.trace import Tracer
-from redis.client import Pipeline
 
 from loragate import contracts
 from loragate.messages import OutputEvent, streamed_so_far
 from loragate.types import RequestOutput
 from worker.ledger import Held, Ledger
 from worker.tracing_spans import emit_spans
+
+if TYPE_CHECKING:
+    from worker.service_writes import StepWrite
 
 
 def add_event(r: redis.Redis, model: str, request_id: str, event: OutputEvent) -> None:
@@ -37,15 +41,14 @@ class OutputWriter:
     def __init__(self, ledger: Ledger, worker_id: str, tracer: Tracer | None):
         self.ledger, self.worker_id, self.tracer = ledger, worker_id, tracer
 
-    def add(self, pipe: Pipeline, outputs: list[RequestOutput]) -> list[str]:
-        """Each held request's event, recorded then added to `pipe`; returns the requests that finished."""
-        finished = []
+    def record(self, write: StepWrite, outputs: list[RequestOutput]) -> None:
+        """Each held request's event, recorded in the ledger, then added to the step's `write`."""
         for out in outputs:
             if (event := self.ledger.record(out)) is not None:
-                add_event(pipe, self.ledger.model, out.request_id, event)
+                write.events.append((out.request_id, event))
+                write.tokens += len(out.new_token_ids)
                 if event.is_last:
-                    finished.append(out.request_id)
-        return finished
+                    write.finished.append(out.request_id)
 
     def delivered(self, finished: list[str]) -> None:
         """The last events and acks of `finished` are written: retire them, with their spans."""
