@@ -80,6 +80,16 @@ class RedisProcess:
         self.start()
         self.restarts += 1
 
+    def start_fresh(self, persistent: bool) -> None:
+        """Crash it and start an empty server (what an earlier AOF kept is deleted) with or without
+        persistence: another test's Redis on the same socket."""
+        self.kill()
+        (self.dir / "appendonly.aof").unlink(missing_ok=True)  # redis 6; 7 keeps it in a folder
+        shutil.rmtree(self.dir / "appendonlydir", ignore_errors=True)
+        self.persistent = persistent
+        self.start()
+        self.restarts += 1
+
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=2)
 

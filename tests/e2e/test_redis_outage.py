@@ -1,6 +1,7 @@
-"""Redis outages against a stack of real processes (gateway and workers) on a redis-server of the test's
-own, which it crashes (SIGKILL) and restarts, with persistence (AOF, `appendfsync everysec`) or without;
-`$REDIS_URL` plays no part. No process is restarted by hand.
+"""Redis outages against a stack of real processes (gateway and workers) on a redis-server of the module's
+own, which each test crashes (SIGKILL) and restarts, with persistence (AOF, `appendfsync everysec`) or
+without; `$REDIS_URL` plays no part. No process is restarted by hand: the stack is started once and each
+test finds it on a fresh, empty Redis (itself a crash the stack has ridden out).
 
 - While Redis is gone, a request gets 503 `queue_unavailable` with `Retry-After` at once, not a hang.
 - Streams running when Redis crashes finish, token for token equal to an undisturbed greedy run, even
@@ -53,23 +54,56 @@ def body(i: int, **extra: object) -> dict[str, object]:
     }
 
 
-@contextlib.contextmanager
-def outage_stack(
-    zoo: ZooPaths, tmp_path: Path, persistent: bool, workers: tuple[str, ...] = ("w1", "w2")
-) -> Iterator[tuple[Stack, RedisProcess]]:
-    with redis_process(persistent) as server:
-        (tmp_path / "stack").mkdir()
-        stack = Stack(zoo, server.url, tmp_path / "stack", worker_count=len(workers))
+WORKERS = ("w1", "w2")
+
+
+@dataclass
+class Shared:
+    stack: Stack
+    server: RedisProcess
+    used: bool = False
+
+
+@pytest.fixture(scope="module")
+def shared(zoo: ZooPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    """The module's stack (two workers and a gateway) on a redis-server of its own, started once: each
+    test that crashes Redis under a running stack takes it through `outage_stack`."""
+    with redis_process(persistent=False) as server:
+        stack = Stack(zoo, server.url, tmp_path_factory.mktemp("stack"), worker_count=len(WORKERS))
         try:
-            for w in workers:
+            for w in WORKERS:
                 stack.start_worker(w)
             stack.start_gateway()
-            stack.wait_ready(workers=len(workers))
-            yield stack, server
+            stack.wait_ready(workers=len(WORKERS))
+            yield Shared(stack, server)
         finally:
             if server.proc is None:  # let the workers drain instead of waiting for Redis
                 server.start()
             stack.stop()
+
+
+@contextlib.contextmanager
+def outage_stack(shared: Shared, persistent: bool) -> Iterator[tuple[Stack, RedisProcess]]:
+    """The module's stack on an empty Redis with persistence or without: after an earlier test, a fresh
+    redis-server on the same socket (the stack rides that out as any crash), once every worker's heartbeat
+    is back on it and a request is served. The processes are the module's, started once: a stack start per
+    test cost ~5 s."""
+    stack, server = shared.stack, shared.server
+    if shared.used or server.persistent != persistent:
+        server.start_fresh(persistent)
+        r = server.client()
+        beats = [contracts.worker_state("tiny", w) for w in WORKERS]
+        wait_for(lambda: r.exists(*beats) == len(beats), 30, "every worker's heartbeat on the fresh Redis")
+        r.close()
+        first_success_after(stack.url, time.monotonic())
+    shared.used = True
+    for name, proc in [("gateway", stack.gateway), *stack.workers.items()]:
+        assert proc is not None and proc.poll() is None, f"{name} exited: {stack.logs()}"
+    try:
+        yield stack, server
+    finally:
+        if server.proc is None:
+            server.start()
 
 
 def complete(url: str, payload: dict[str, object], timeout: float = 60) -> httpx.Response:
@@ -154,9 +188,9 @@ def wait_for(predicate: object, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_a_request_gets_503_at_once_while_redis_is_gone(zoo: ZooPaths, tmp_path: Path) -> None:
+def test_a_request_gets_503_at_once_while_redis_is_gone(shared: Shared) -> None:
     short = body(0, max_tokens=2)
-    with outage_stack(zoo, tmp_path, persistent=False, workers=("w1",)) as (stack, server):
+    with outage_stack(shared, persistent=False) as (stack, server):
         assert complete(stack.url, short).status_code == 200
         server.kill()
         time.sleep(0.2)  # the gateway still has its last view of the fleet, a second old at most
@@ -181,13 +215,9 @@ def test_a_request_gets_503_at_once_while_redis_is_gone(zoo: ZooPaths, tmp_path:
     ids=["aof-2s", "no-persistence-2s", "no-persistence-long"],
 )
 def test_streams_ride_out_a_redis_crash_and_new_requests_succeed_soon_after(
-    zoo: ZooPaths,
-    tmp_path: Path,
-    answers: dict[tuple[int, int], str],
-    persistent: bool,
-    outage_s: float,
+    shared: Shared, answers: dict[tuple[int, int], str], persistent: bool, outage_s: float
 ) -> None:
-    with outage_stack(zoo, tmp_path, persistent) as (stack, server):
+    with outage_stack(shared, persistent) as (stack, server):
         expected = references(stack.url, STREAMS, answers)
         results = [StreamResult() for _ in range(STREAMS)]
         threads = [
@@ -233,14 +263,15 @@ def test_streams_ride_out_a_redis_crash_and_new_requests_succeed_soon_after(
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["aof", "no-persistence"])
 def test_queued_requests_are_served_if_redis_kept_them_else_fail_at_once(
-    zoo: ZooPaths, tmp_path: Path, answers: dict[tuple[int, int], str], persistent: bool
+    shared: Shared, answers: dict[tuple[int, int], str], persistent: bool
 ) -> None:
-    """The only worker is stopped (SIGSTOP), so requests wait unread in its queue when Redis crashes."""
-    with outage_stack(zoo, tmp_path, persistent, workers=("w1",)) as (stack, server):
+    """Every worker is stopped (SIGSTOP), so requests wait unread in their queues when Redis crashes."""
+    with outage_stack(shared, persistent) as (stack, server):
         expected = references(stack.url, 3, answers, QUEUED_TOKENS)
-        worker = stack.workers["w1"]
-        os.kill(worker.pid, signal.SIGSTOP)
-        # A read the worker had blocked in Redis before it stopped could still take a request (the server
+        pids = [stack.workers[w].pid for w in WORKERS]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        # A read a worker had blocked in Redis before it stopped could still take a request (the server
         # answers it into the socket): let it time out first (BLOCK 100 ms); the heartbeat lives 3 s.
         time.sleep(0.3)
         try:
@@ -248,17 +279,20 @@ def test_queued_requests_are_served_if_redis_kept_them_else_fail_at_once(
                 queued = [body(i, max_tokens=QUEUED_TOKENS) for i in range(3)]
                 replies = [pool.submit(complete, stack.url, b, 120) for b in queued]
                 r = server.client()
-                wait_for(lambda: r.xlen(contracts.queue("tiny", "w1")) == 3, 3, "three queued requests")
+                queues = [contracts.queue("tiny", w) for w in WORKERS]
+                wait_for(lambda: sum(r.xlen(q) for q in queues) == 3, 3, "three queued requests")
                 r.close()
                 if persistent:
                     time.sleep(1.1)  # an AOF is written at least every second
                 server.kill()
                 server.start()
                 back = time.monotonic()
-                os.kill(worker.pid, signal.SIGCONT)
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
                 outcomes = [(f.result(timeout=150), time.monotonic() - back) for f in replies]
         finally:
-            os.kill(worker.pid, signal.SIGCONT)
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
         figures = {
             "test": "queued requests through a Redis crash",
             "persistent": persistent,
