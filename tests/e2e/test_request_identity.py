@@ -39,7 +39,9 @@ from worker.modelzoo.make import ZooPaths
 
 KEYS = {"alice": "sk-test-alice", "bob": "sk-test-bob"}
 MAX_NUM_SEQS = 4
-LONG = 600  # tokens: still running when a second client of the same id comes and goes
+# Tokens: still running when a second client of the same id comes and goes (which takes a fraction of a
+# second; 300 tokens take ~2 s on a tiny worker, 600 did no more and cost ~2 s more in each of five tests).
+LONG = 300
 # The prompts generated LONG tokens long: their references are made in one batch (as cheap as one). Their
 # greedy runs have no near-tie (the top two log-probabilities 1.7e-3 apart at least): a request continued
 # after an abort is prefilled again, and a tie closer than fp32's rounding may go either way there (the
