@@ -106,8 +106,9 @@ class StartUp:
         return self.launch(*args, port=port, wait_s=wait_s)()
 
 
-@pytest.fixture
-def start_up(zoo: ZooPaths) -> Iterator[StartUp]:
+@contextlib.contextmanager
+def starting_ups(zoo: ZooPaths) -> Iterator[StartUp]:
+    """A `StartUp`; on leaving, every `up` it started is stopped and nothing of it survives."""
     started: list[tuple[subprocess.Popen[str], Output, set[int]]] = []
 
     def launch(*args: str, port: int | None = None, wait_s: float = 240) -> Callable[[], Up]:
@@ -158,6 +159,21 @@ def start_up(zoo: ZooPaths) -> Iterator[StartUp]:
         assert proc.stdout is not None
         proc.stdout.close()
     remove_stale(cache_dir() / "up")  # what a SIGKILLed `up` left
+
+
+@pytest.fixture
+def start_up(zoo: ZooPaths) -> Iterator[StartUp]:
+    with starting_ups(zoo) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def lasting_up(zoo: ZooPaths) -> Iterator[Up]:
+    """One `up` (the default flags) for the tests that do not stop it themselves, started once: the Redis
+    restart test leaves it serving, and the SIGKILL test, after it, ends it (with the restarted
+    redis-server among the children that must die)."""
+    with starting_ups(zoo) as start:
+        yield start()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
@@ -212,21 +228,8 @@ def test_a_second_stop_signal_kills_at_once(start_up: StartUp) -> None:
     assert up.output.wait_for("killing…", 5) and "Traceback" not in up.output.text()
 
 
-def test_children_die_with_up_even_when_it_is_sigkilled(start_up: StartUp) -> None:
-    up = start_up()
-    children = descendants(up.proc.pid)
-    assert len(children) >= 3, command_lines(children)  # gateway, worker, redis-server
-    up.proc.kill()  # no handler runs: only the kernel's parent-death signal can stop the children
-    up.proc.wait(timeout=10)
-    deadline = time.monotonic() + 15
-    while alive(children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(children), command_lines(alive(children))
-    assert up.output.wait_closed(10)  # nobody holds the output pipe any more
-
-
-def test_up_restarts_its_redis_which_comes_back_with_its_data(start_up: StartUp) -> None:
-    up = start_up()
+def test_up_restarts_its_redis_which_comes_back_with_its_data(lasting_up: Up) -> None:
+    up = lasting_up
     client = redis.Redis(unix_socket_path=str(up.state / "redis" / "redis.sock"), socket_timeout=5)
     ids = [client.xadd("lg:test:survives", {"n": str(i)}) for i in range(10)]
     client.close()
@@ -261,6 +264,19 @@ def test_up_restarts_its_redis_which_comes_back_with_its_data(start_up: StartUp)
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+
+
+def test_children_die_with_up_even_when_it_is_sigkilled(lasting_up: Up) -> None:
+    up = lasting_up
+    children = descendants(up.proc.pid)
+    assert len(children) >= 3, command_lines(children)  # gateway, worker, redis-server
+    up.proc.kill()  # no handler runs: only the kernel's parent-death signal can stop the children
+    up.proc.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while alive(children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(children), command_lines(alive(children))
+    assert up.output.wait_closed(10)  # nobody holds the output pipe any more
 
 
 def test_two_instances_serve_independently_and_stop_alone(start_up: StartUp) -> None:
