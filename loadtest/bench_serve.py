@@ -24,7 +24,7 @@ process is SIGKILLed).
 
     python -m loadtest.bench_serve --concurrency 32,64 [--model tiny|small|smollm2] [--requests 128]
         [--adapters 16] [--max-tokens N] [--max-loras 16] [--device auto|cpu|cuda[:N]]
-        [--dtype auto|float32|bfloat16] [--vllm-python PATH]
+        [--dtype auto|float32|bfloat16] [--vllm-python PATH] [--worker-flags '--threads 1 ...']
 
 With `--vllm-python` (or `$LORAGATE_VLLM_PYTHON`: an interpreter that has vLLM, see `loadtest.bench_vllm`)
 each level then runs again through vLLM's OpenAI server on the same model and adapters, after the same
@@ -45,6 +45,7 @@ import asyncio
 import gc
 import json
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("LORAGATE_VLLM_PYTHON"),
         help="also serve each level through vLLM's OpenAI server in this interpreter (loadtest.vllm_server)",
     )
+    p.add_argument(
+        "--worker-flags",
+        default="",
+        help="more `loragate worker` flags for the served worker, e.g. '--threads 1 --overlap-writes on' "
+        "(the offline engine keeps this process's threads)",
+    )
     add_device_args(p)
     return p
 
@@ -121,6 +128,7 @@ def worker_flags(config: EngineConfig, args: argparse.Namespace) -> list[str]:
         *(("--kv-cache-mb", str(config.kv_cache_bytes // 1024**2)) if config.kv_cache_bytes else ()),
         *("--kv-prefault", "on" if config.kv_prefault else "off"),
         *("--device", args.device, "--dtype", args.dtype),
+        *shlex.split(args.worker_flags),
     ]
 
 

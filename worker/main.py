@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_switch(
         p, "--cuda-graphs", "replay whole-decode steps from CUDA graphs captured at start (auto: on a GPU)"
     )
+    add_switch(
+        p,
+        "--overlap-writes",
+        "send each step's output events while the engine computes the next step (auto: on a GPU, or with "
+        "--threads below the cores this process may use)",
+    )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for the metrics port")
     return p
@@ -114,7 +120,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracer = provider.get_tracer("loragate.worker") if provider is not None else None
     # The heartbeat has a connection of its own, so it never waits behind the engine loop's commands.
     beats = Heartbeat(connect_sync(args.redis, socket_timeout=2.0, idempotent=True), worker_id, name)  # SETs
-    service = WorkerService(engine, r, worker_id, name, registry, tracer=tracer, heartbeat=beats)
+    service = WorkerService(
+        engine,
+        r,
+        worker_id,
+        name,
+        registry,
+        tracer=tracer,
+        heartbeat=beats,
+        overlap_writes=SWITCH[args.overlap_writes],
+    )
     # The model and torch's own objects live as long as the process: out of the cyclic GC's sight, a full
     # collection no longer rescans them between engine steps.
     gc.collect()

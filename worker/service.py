@@ -4,7 +4,8 @@ Loop: cancellations (`worker.service_cancels`) → when idle, a blocking read of
 service_intake`) → one engine step → the step's writes handed to a thread of their own (`worker.
 service_writes`: one pipeline with each request's output event on `lg:out:{id}`, `worker.
 service_outputs`, the `XACK` of requests whose last event that was, never before it, and the previous
-step's KV events, `worker.kv_events`), sent while the engine computes the next step → a non-blocking read
+step's KV events, `worker.kv_events`), sent while the engine computes the next step where that leaves a
+core to the sending (on a GPU, or a CPU engine on fewer threads than cores) → a non-blocking read
 of newly queued requests, when the engine has room (only as many as it can start soon, so the rest wait
 in Redis where they can be re-routed). The heartbeat has a thread of its own (`worker.heartbeat`), fed a
 state snapshot by this loop, so a long step never makes the worker look dead. SIGTERM drains: the
@@ -46,7 +47,7 @@ from worker.service_cancels import CancelFeed
 from worker.service_compiles import CompileFn
 from worker.service_intake import Intake
 from worker.service_outputs import OutputWriter
-from worker.service_writes import StepWrite, StepWriter
+from worker.service_writes import StepWrite, StepWriter, overlap_by_default
 
 log = logging.getLogger("loragate.worker")
 
@@ -67,7 +68,7 @@ class WorkerService:
         tracer: Tracer | None = None,
         heartbeat: Heartbeat | None = None,
         compile_fn: CompileFn | None = None,
-        overlap_writes: bool = True,
+        overlap_writes: bool | None = None,
     ):
         self.engine, self.redis, self.worker_id, self.model_name = engine, r, worker_id, model_name
         # No command of this loop may reach a restarted Redis before `_resync` has repaired it.
@@ -88,6 +89,8 @@ class WorkerService:
         )
         self.outputs = OutputWriter(self.ledger, worker_id, tracer)
         self.kv_events = KVEventLog(model_name, worker_id)
+        if overlap_writes is None:
+            overlap_writes = overlap_by_default(engine.config.device)
         self.writes = StepWriter(r, model_name, self.intake.add_acks, self.kv_events.add, overlap_writes)
         self.cancels = CancelFeed(r)
         self.heartbeat = heartbeat or Heartbeat(r, worker_id, model_name)

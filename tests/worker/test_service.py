@@ -39,12 +39,18 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 def make_service(
-    zoo: ZooPaths, r: redis.Redis, worker_id: str = "w1", heartbeat: Heartbeat | None = None
+    zoo: ZooPaths,
+    r: redis.Redis,
+    worker_id: str = "w1",
+    heartbeat: Heartbeat | None = None,
+    overlap_writes: bool | None = None,
 ) -> WorkerService:
+    """`overlap_writes`: step writes on a thread of their own (None: `worker.service_writes`' rule)."""
     registry = AdapterRegistry(r, "tiny")
     registry.directory = (zoo.root / "adapters" / "tiny", ())  # published as the worker joins
     engine = LLMEngine(zoo.base("tiny"), EngineConfig(num_kv_blocks=256))
-    return WorkerService(engine, r, worker_id, "tiny", registry, heartbeat=heartbeat)
+    overlap = overlap_writes
+    return WorkerService(engine, r, worker_id, "tiny", registry, heartbeat=heartbeat, overlap_writes=overlap)
 
 
 @contextlib.contextmanager

@@ -53,9 +53,13 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.parametrize("persistent", [True, False], ids=["aof", "no-persistence"])
+# Both ways of sending a step's writes (`worker.service_writes`): from the step loop, and on a thread of
+# their own while the next step computes (a write may be in flight when Redis dies).
+@pytest.mark.parametrize(
+    ("persistent", "overlap_writes"), [(True, False), (False, True)], ids=["aof", "no-persistence-overlapped"]
+)
 def test_a_redis_crash_mid_generation_loses_no_output_and_repeats_none(
-    zoo: ZooPaths, persistent: bool
+    zoo: ZooPaths, persistent: bool, overlap_writes: bool
 ) -> None:
     msgs = [
         QueuedRequest(f"crash-{i}", "tiny", prompt(40 + i), SamplingParams(max_tokens=150, ignore_eos=True))
@@ -64,7 +68,7 @@ def test_a_redis_crash_mid_generation_loses_no_output_and_repeats_none(
     expected = references(zoo, msgs)
     with redis_process(persistent) as server:
         client = server.client()
-        service = make_service(zoo, connect_sync(server.url))
+        service = make_service(zoo, connect_sync(server.url), overlap_writes=overlap_writes)
         with running(service) as thread:
             for m in msgs:
                 enqueue(client, m)

@@ -4,18 +4,20 @@ where the loop handles them."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+import torch
 
 from loragate import contracts
 from loragate.messages import OutputEvent, QueuedRequest
 from loragate.types import SamplingParams
 from tests.worker.test_service import collect, enqueue, make_service, prompt, running
 from worker.modelzoo.make import ZooPaths
-from worker.service_writes import StepWrite, StepWriter
+from worker.service_writes import StepWrite, StepWriter, overlap_by_default
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,7 +101,7 @@ def test_the_engine_computes_the_next_step_while_a_steps_write_is_sent(
 ) -> None:
     """Every write made slow (40 ms more): the engine's steps start while the last step's write is still
     being sent, and the request's stream still gets every token, in order, acknowledged after the last."""
-    service = make_service(zoo, client)
+    service = make_service(zoo, client, overlap_writes=True)
     sends: list[tuple[float, float]] = []
     steps: list[float] = []
     send, step = service.writes._send, service.engine.step
@@ -126,3 +128,17 @@ def test_the_engine_computes_the_next_step_while_a_steps_write_is_sent(
     overlapped = [s for s in steps if any(a < s < b for a, b in sends)]
     assert len(overlapped) >= 20, (len(overlapped), len(steps))  # not one step waited for the last write
     assert client.xpending(contracts.queue("tiny", "w1"), contracts.WORKER_GROUP)["pending"] == 0
+
+
+def test_writes_overlap_steps_only_where_the_engine_leaves_a_core_free() -> None:
+    cores = len(os.sched_getaffinity(0))
+    threads = torch.get_num_threads()
+    try:
+        assert overlap_by_default("cuda:0")  # the step loop only waits for the device
+        torch.set_num_threads(cores)
+        assert not overlap_by_default("cpu")  # the writer would preempt an OpenMP thread
+        if cores > 1:
+            torch.set_num_threads(cores - 1)
+            assert overlap_by_default("cpu")
+    finally:
+        torch.set_num_threads(threads)
