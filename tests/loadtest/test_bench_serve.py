@@ -28,6 +28,8 @@ LEVEL_KEYS = (
 @pytest.mark.timeout(240)
 def test_bench_serve_reports_every_level(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--requests", "6", "--adapters", "2", "--max-tokens", "12", "--concurrency", "2,3"]
+    # The served worker on one thread, its step writes overlapping its steps (a core left to them).
+    argv += ["--worker-flags", "--threads 1 --overlap-writes on"]
     assert bench_serve.main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (result["model"], result["requests"]) == ("tiny", 6)
