@@ -6,7 +6,8 @@ ready (`/ready`) and reports the model's demand for workers (`/admin/models/{mod
 
 from __future__ import annotations
 
-import contextlib
+import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -112,17 +113,15 @@ def test_a_client_that_leaves_takes_its_request_off_the_shared_stream(
     stack, r, _ = scaled_to_zero
     rid = contracts.scoped_request_id("alice", "leaves-1")
 
-    def leave() -> None:  # no byte comes while it waits: the read timeout closes the connection
-        headers = {**KEY, "X-Request-Id": "leaves-1"}
-        with contextlib.suppress(httpx.ReadTimeout):
-            body = {**BODY, "stream": True}
-            limit = httpx.Timeout(30, read=3)
-            httpx.post(f"{stack.url}/v1/completions", json=body, headers=headers, timeout=limit)
-
-    client = threading.Thread(target=leave, daemon=True)
-    client.start()
-    wait_for(lambda: r.xlen(shared) == 1, "the request on the shared stream")
-    client.join(30)
+    # The client leaves (closes its connection) while its request waits on the stream, unanswered.
+    body = json.dumps({**BODY, "stream": True}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {KEY['Authorization']}\r\n"
+        f"X-Request-Id: leaves-1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        wait_for(lambda: r.xlen(shared) == 1, "the request on the shared stream")
     wait_for(lambda: r.xlen(shared) == 0, "the cancel to take it off the stream")
     stack.start_worker("w3")
     stack.wait_ready(workers=1)

@@ -5,8 +5,7 @@ and every refusal is the OpenAI error object with its status."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ import redis
 from gateway.tokenize import load_tokenizer
 from loragate import contracts
 from loragate.messages import AdapterRecord, QueuedRequest, WorkerState
-from tests.gateway.live_gateway import error_of, live_gateway
+from tests.gateway.live_gateway import connect, error_of, live_gateway
 from worker.modelzoo.make import ZooPaths
 
 ALICE, BOB = {"Authorization": "Bearer sk-test-alice"}, {"Authorization": "Bearer sk-test-bob"}
@@ -99,25 +98,25 @@ WITH_TOOLS = [
 
 
 def queued_prompt(redis_url: str, gateway: str, body: dict[str, Any]) -> tuple[int, ...]:
-    """The prompt token ids a chat request is queued with (no worker answers: the client then leaves)."""
+    """The prompt token ids a chat request is queued with (no worker answers: the client then leaves, as
+    soon as the request is queued)."""
     r = redis.Redis.from_url(redis_url)
     queue = contracts.queue(BASE, "tok-w1")
     r.delete(queue)
-
-    def ask() -> None:
-        with contextlib.suppress(httpx.TimeoutException):
-            httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=ALICE, timeout=2)
-
-    asking = threading.Thread(target=ask)
-    asking.start()
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {ALICE['Authorization']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
     try:
-        deadline = time.monotonic() + 10
-        while not (entries := r.xrange(queue)):
-            assert time.monotonic() < deadline, "the chat request was not queued"
-            time.sleep(0.02)
+        with connect(gateway) as sock:
+            sock.sendall(head.encode() + payload)
+            deadline = time.monotonic() + 10
+            while not (entries := r.xrange(queue)):
+                assert time.monotonic() < deadline, "the chat request was not queued"
+                time.sleep(0.02)
         return QueuedRequest.from_json(entries[0][1][contracts.QUEUE_FIELD_BYTES]).prompt_token_ids
     finally:
-        asking.join()
         r.delete(queue)
         r.close()
 
