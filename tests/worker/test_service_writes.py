@@ -99,8 +99,9 @@ def test_a_refused_write_is_raised_by_settle_and_its_ack_is_not_sent(
 def test_the_engine_computes_the_next_step_while_a_steps_write_is_sent(
     zoo: ZooPaths, client: redis.Redis
 ) -> None:
-    """Every write made slow (40 ms more): the engine's steps start while the last step's write is still
-    being sent, and the request's stream still gets every token, in order, acknowledged after the last."""
+    """Every write made slow (100 ms more): the engine's steps start while the last step's write is still
+    being sent (with writes on the step loop, none does), and the request's stream still gets every token,
+    in order, acknowledged after the last."""
     service = make_service(zoo, client, overlap_writes=True)
     sends: list[tuple[float, float]] = []
     steps: list[float] = []
@@ -108,7 +109,7 @@ def test_the_engine_computes_the_next_step_while_a_steps_write_is_sent(
 
     def slow_send(write: StepWrite) -> None:
         start = time.monotonic()
-        time.sleep(0.04)
+        time.sleep(0.1)
         send(write)
         sends.append((start, time.monotonic()))
 
@@ -126,7 +127,9 @@ def test_the_engine_computes_the_next_step_while_a_steps_write_is_sent(
     tokens = [t for e in events for t in e.token_ids]
     assert len(tokens) == 24 and events[-1].finish_reason == "length"
     overlapped = [s for s in steps if any(a < s < b for a, b in sends)]
-    assert len(overlapped) >= 20, (len(overlapped), len(steps))  # not one step waited for the last write
+    # Not all 24: the first step has no write before it, and a step may begin only after a slow write it
+    # did not wait for has ended (the loop's own read of new entries, on a busy machine).
+    assert len(overlapped) >= 12, (len(overlapped), len(steps))
     assert client.xpending(contracts.queue("tiny", "w1"), contracts.WORKER_GROUP)["pending"] == 0
 
 
