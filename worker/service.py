@@ -33,6 +33,7 @@ import time
 
 import redis
 from opentelemetry.trace import Tracer
+from redis.client import Pipeline
 
 from loragate import contracts
 from loragate.messages import WorkerState
@@ -47,7 +48,7 @@ from worker.service_cancels import CancelFeed
 from worker.service_compiles import CompileFn
 from worker.service_intake import Intake
 from worker.service_outputs import OutputWriter
-from worker.service_writes import StepWrite, StepWriter, overlap_by_default
+from worker.service_writes import StepWrite, StepWriter, overlap_by_default, raise_write_errors
 
 log = logging.getLogger("loragate.worker")
 
@@ -244,10 +245,11 @@ class WorkerService:
 
     # -- a step's I/O -----------------------------------------------------------------------------
     def _flush(self, outputs: list[RequestOutput]) -> None:
-        """A step's Redis I/O. Its output events are recorded, then handed with the acks of finished
-        requests (written after their last events) and the previous step's KV events to the writer, once
-        the previous step's write has gone through; then, if the engine has room, a non-blocking read of
-        newly queued requests, which join the batch at the next step."""
+        """A step's Redis I/O: its output events are recorded, then written with the acks of finished
+        requests (after their last events) and the previous step's KV events, in one MULTI pipeline; then,
+        if the engine has room, a non-blocking read of newly queued requests, which join the batch at the
+        next step. With a writer thread (`worker.service_writes`) the write goes out while the next step
+        computes, once the previous step's has gone through; without, write and read share a round trip."""
         write = StepWrite()
         # Recorded before the write: if Redis fails, `_resync` writes whatever did not arrive.
         self.outputs.record(write, outputs)
@@ -255,32 +257,42 @@ class WorkerService:
         # A step's KV events go out with the next step's outputs (or when the engine idles), so the
         # first token of a new request does not share its write, and the routers' reads, with them.
         write.kv, self.kv_events.deferred = self.kv_events.deferred, self.engine.drain_events()
+        if not self.writes.overlap:  # one round trip for the write and the read
+            self._read(self.redis.pipeline(transaction=True), write)  # MULTI: a refused event aborts its ack
+            return
         self._settle()
         if write:
             self.writes.submit(write)
-        if not self.draining.is_set():
-            self._read()
+        self._read(self.redis.pipeline(transaction=False))
 
     def _settle(self) -> None:
-        """Wait for the step write in flight (raises its error); once written, its finished requests
-        retire."""
+        """Wait for the step write in flight, if any (raises its error); once written, its finished
+        requests retire."""
         if (done := self.writes.settle()) is not None:
-            self.outputs.delivered(done.finished)
-            self._decode_rate.add(done.tokens)
+            self._written(done)
 
-    def _read(self) -> None:
-        """Newly queued requests, as many as there is room for: this worker's own queue, then the
-        model's shared stream (its entries moved onto our queue, started by the next read)."""
-        pipe = self.redis.pipeline(transaction=False)
-        peeking = self.intake.add_peek(pipe)
-        polling = self.intake.add_read(pipe)
-        if not (peeking or polling):
+    def _written(self, write: StepWrite) -> None:
+        self.outputs.delivered(write.finished)
+        self._decode_rate.add(write.tokens)
+
+    def _read(self, pipe: Pipeline, write: StepWrite | None = None) -> None:
+        """A read of newly queued requests, as many as there is room for (this worker's own queue, then
+        the model's shared stream, whose entries are moved onto our queue and started by the next read),
+        on `pipe`, after `write` if one is given (its errors raise; once written, it retires)."""
+        writes = self.writes.add(pipe, write) if write is not None else 0
+        reading = not self.draining.is_set()
+        peeking = reading and self.intake.add_peek(pipe)
+        polling = reading and self.intake.add_read(pipe)
+        if not (writes or peeking or polling):
             return
-        replies = pipe.execute(raise_on_error=False)  # a read's error is handled below
+        replies = pipe.execute(raise_on_error=False)
+        raise_write_errors(replies[:writes])  # a read's error is handled below
+        if write is not None:
+            self._written(write)
         if polling:
             self.intake.take_read(replies[-1])
         if peeking:
-            self.intake.steal(replies[0])
+            self.intake.steal(replies[writes])
 
     # -- state, for the heartbeat -----------------------------------------------------------------
     def state(self) -> WorkerState:

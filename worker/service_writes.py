@@ -17,7 +17,8 @@ The thread pays where the next step leaves a core to it (`overlap_by_default`): 
 step the loop only waits for, or on a CPU engine whose threads leave a core free. A CPU engine on every
 core would have the thread preempt one of its OpenMP threads, and the whole team wait for that one at the
 next barrier: with 2 threads on 2 cores the served worker gave ~10 % fewer tokens a second on ~15 % more
-CPU (`python -m loadtest.bench_serve`, two interleaved rounds), so there the loop sends its writes itself.
+CPU (`python -m loadtest.bench_serve`, two interleaved rounds), so there the loop sends its writes itself,
+in one round trip with its read of new requests (`WorkerService._flush`).
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ AddKV = Callable[[redis.client.Pipeline, list[KVEvent]], None]
 
 
 class StepWriter:
-    """Sends one `StepWrite` at a time on a thread of its own (`overlap=False`: on the caller's)."""
+    """Puts a `StepWrite` on a pipeline (`add`) and, with `overlap`, sends one at a time on a thread of its
+    own (`submit`, then `settle`); without, the caller sends its pipeline itself."""
 
-    def __init__(self, r: redis.Redis, model: str, add_acks: AddAcks, add_kv: AddKV, overlap: bool = True):
-        self.redis, self.model = r, model
+    def __init__(self, r: redis.Redis, model: str, add_acks: AddAcks, add_kv: AddKV, overlap: bool):
+        self.redis, self.model, self.overlap = r, model, overlap
         self._add_acks, self._add_kv = add_acks, add_kv
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="step-writes") if overlap else None
         self._pending: tuple[StepWrite, Future[None]] | None = None
@@ -73,19 +75,19 @@ class StepWriter:
     def in_flight(self) -> bool:
         return self._pending is not None
 
+    def add(self, pipe: redis.client.Pipeline, write: StepWrite) -> int:
+        """`write`'s commands on `pipe`, in order; returns how many."""
+        before = len(pipe.command_stack)
+        for request_id, event in write.events:
+            add_event(pipe, self.model, request_id, event)
+        self._add_acks(pipe, write.acks)
+        self._add_kv(pipe, write.kv)
+        return len(pipe.command_stack) - before
+
     def submit(self, write: StepWrite) -> None:
-        """Send `write` (the last one must be settled). Without a thread of its own, it is sent now."""
-        assert self._pending is None, "settle the last write first"
-        future: Future[None] = Future()
-        if self._pool is not None:
-            future = self._pool.submit(self._send, write)
-        else:
-            try:
-                self._send(write)
-                future.set_result(None)
-            except BaseException as e:  # raised by `settle`, as the thread's would be
-                future.set_exception(e)
-        self._pending = (write, future)
+        """Send `write` on the thread (the last one must be settled)."""
+        assert self._pool is not None and self._pending is None, "settle the last write first"
+        self._pending = (write, self._pool.submit(self._send, write))
 
     def settle(self) -> StepWrite | None:
         """Wait for the write in flight; returns it once written (None if there was none), or raises
@@ -103,10 +105,11 @@ class StepWriter:
 
     def _send(self, write: StepWrite) -> None:
         pipe = self.redis.pipeline(transaction=True)  # MULTI: an event refused (e.g. OOM) aborts its ack too
-        for request_id, event in write.events:
-            add_event(pipe, self.model, request_id, event)
-        self._add_acks(pipe, write.acks)
-        self._add_kv(pipe, write.kv)
-        for reply in pipe.execute(raise_on_error=False):
-            if isinstance(reply, Exception):
-                raise reply
+        self.add(pipe, write)
+        raise_write_errors(pipe.execute(raise_on_error=False))
+
+
+def raise_write_errors(replies: list[object]) -> None:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
