@@ -38,16 +38,21 @@ def acks_and_kv(r: redis.Redis, queue: str) -> tuple:
     return add_acks, lambda pipe, events: None
 
 
+def writer_with_entry(client: redis.Redis, queue: str) -> tuple[StepWriter, str]:
+    """A writer (on its thread) acking entries of `queue`, and one entry read there, pending."""
+    client.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
+    entry = client.xadd(queue, {"m": "1"}).decode()
+    client.xreadgroup(contracts.WORKER_GROUP, "w", {queue: ">"})
+    return StepWriter(client, "tiny", *acks_and_kv(client, queue), overlap=True), entry
+
+
 def event(n: int, last: bool = False) -> OutputEvent:
     return OutputEvent(token_ids=(n,), text=f"t{n}", finish_reason="length" if last else None)
 
 
 def test_a_write_is_in_flight_while_the_caller_goes_on_and_lands_in_order(client: redis.Redis) -> None:
     queue = "q"
-    client.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
-    entry = client.xadd(queue, {"m": "1"}).decode()
-    client.xreadgroup(contracts.WORKER_GROUP, "w", {queue: ">"})
-    writer = StepWriter(client, "tiny", *acks_and_kv(client, queue), overlap=True)
+    writer, entry = writer_with_entry(client, queue)
     try:
         writer.submit(StepWrite(events=[("r1", event(1))]))
         assert writer.settle() is not None
@@ -75,10 +80,7 @@ def test_a_write_is_in_flight_while_the_caller_goes_on_and_lands_in_order(client
 
 def test_a_refused_write_is_raised_by_settle_and_its_ack_is_not_sent(client: redis.Redis) -> None:
     queue = "q"
-    client.xgroup_create(queue, contracts.WORKER_GROUP, id="0", mkstream=True)
-    entry = client.xadd(queue, {"m": "1"}).decode()
-    client.xreadgroup(contracts.WORKER_GROUP, "w", {queue: ">"})
-    writer = StepWriter(client, "tiny", *acks_and_kv(client, queue), overlap=True)
+    writer, entry = writer_with_entry(client, queue)
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", "1")  # every command that may grow memory is refused (OOM)
     try:
