@@ -18,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,6 +232,35 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+@contextmanager
+def frozen_workers(stack: Stack, r: redis.Redis) -> Iterator[None]:
+    """Every worker stopped (SIGSTOP) yet counted live, as a worker in one long step is: the test keeps its
+    heartbeat from expiring. What the gateway queues meanwhile waits unread; SIGCONT on leaving."""
+    pids = [p.pid for p in stack.workers.values()]
+    beats = [contracts.worker_state("tiny", w) for w in stack.workers]
+    done = threading.Event()
+
+    def keep_alive() -> None:
+        while not done.wait(0.5):
+            for key in beats:
+                r.expire(key, contracts.HEARTBEAT_TTL_S)
+
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    beating = threading.Thread(target=keep_alive, daemon=True)
+    beating.start()
+    try:
+        # A read a worker had blocked in Redis could still take an entry (the server answers it into the
+        # socket): let it time out first (BLOCK 100 ms).
+        time.sleep(0.3)
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        done.set()
+        beating.join()
+
+
 def queued_ids(r: redis.Redis) -> dict[str, bool]:
     """Request ids in the workers' queues → whether a worker has read the entry yet."""
     out: dict[str, bool] = {}
@@ -381,22 +413,31 @@ def test_retries_after_a_gateway_kill_attach_to_the_queued_requests(
     ids = [f"kill-{i}-{time.monotonic_ns()}" for i in range(n)]
     stack.wait_idle()
 
+    async def until(
+        condition: Callable[[dict[str, bool]], bool], what: str, timeout: float
+    ) -> dict[str, bool]:
+        """Our requests in the queues (id → read yet) once `condition` holds of them."""
+        deadline = time.monotonic() + timeout
+        while not condition(ours := {k: v for k, v in queued_ids(r).items() if k.endswith(tuple(ids))}):
+            assert time.monotonic() < deadline, f"not {what} within {timeout} s: {ours}"
+            await asyncio.sleep(0.02)
+        return ours
+
     async def before_kill() -> int:
         async with client_for(stack) as client:
-            tries = [
-                asyncio.ensure_future(complete(client, "alice", body(p, max_tokens), i))
-                for p, i in zip(prompts, ids, strict=True)
-            ]
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # until most are queued (the others wait in admission)
-                queued = queued_ids(r)
-                if sum(contracts.scoped_request_id("alice", i) in queued for i in ids) >= min(n, 64):
-                    break
-                await asyncio.sleep(0.05)
-            waiting = sum(not read for rid, read in queued_ids(r).items() if rid.endswith(tuple(ids)))
+            # The workers read nothing until every request is queued: a slow gateway (a loaded host) had
+            # them read and finish each request as it came, and the kill found none unread.
+            with frozen_workers(stack, r):
+                tries = [
+                    asyncio.ensure_future(complete(client, "alice", body(p, max_tokens), i))
+                    for p, i in zip(prompts, ids, strict=True)
+                ]
+                await until(lambda ours: len(ours) == n, "all queued", 60)
+            # Each worker takes what it can run or hold (`MAX_NUM_SEQS` + 8) and starts on it.
+            queued = await until(any, "any read", 10)
             stack.kill_gateway()  # the clients lose their connections; the requests stay queued
             await asyncio.gather(*tries, return_exceptions=True)
-            return waiting
+            return sum(not read for read in queued.values())
 
     unread = asyncio.run(before_kill())
     stack.start_gateway()  # before any assertion: the module's other tests need a gateway
