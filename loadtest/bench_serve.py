@@ -34,6 +34,10 @@ The last line printed is one JSON object: the workload, `offline_tok_s`, and per
 `serve_tok_s`, `offline_tok_s`, `serve_vs_offline`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`, `itl_p99_ms`,
 `errors`, `requests` (and `tpot_p50_ms`, the median per-request mean ITL, `wall_s`, `refusals_429`,
 `error_kinds`, and `cpu_s`: CPU seconds the worker, gateway, Redis and clients used during the level);
+where the TTFT tail comes from: `ttft_first_wave_p50_ms` / `_max_ms` (the C requests sent at once when the
+clients start) and `ttft_rest_p50_ms` / `_p99_ms` (each sent as another ended), and the same of the
+offline engine at that level (`offline_ttft_p50_ms`, `offline_ttft_p99_ms`, `offline_ttft_first_wave_*`,
+`offline_ttft_rest_*`: the engine's own TTFT, no fleet in between);
 with vLLM also `vllm` (its `serve_tok_s`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`, `itl_p99_ms`,
 `errors`, `wall_s`), `ttft_p50_vs_vllm` and `serve_tok_s_vs_vllm`.
 """
@@ -51,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -60,8 +65,8 @@ from tqdm import tqdm
 
 from loadtest.bench_engine import run_loragate
 from loadtest.bench_models import BenchModel, bench_model, run_header
-from loadtest.procs import BenchError, CPUMeter, raise_fd_limit
-from loadtest.serve_clients import StreamStats, run_clients, summarize
+from loadtest.procs import BenchError, CPUMeter, ms, pct, raise_fd_limit
+from loadtest.serve_clients import StreamStats, run_clients, summarize, ttft_waves
 from loadtest.serve_stack import API_KEY, ServeStack
 from loadtest.vllm_server import served_vllm, vllm_figures
 from loadtest.workload import capped, make_workload
@@ -132,30 +137,53 @@ def worker_flags(config: EngineConfig, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def closed_loop(engine: LLMEngine, requests: list[Request], concurrency: int, label: str) -> float:
-    """Tokens per second of `engine` serving `requests` with at most `concurrency` in flight, the next
-    one added as soon as one finishes: what `concurrency` clients ask of a worker, minus the fleet."""
+@dataclass(frozen=True, slots=True)
+class ClosedLoop:
+    """The offline engine serving a level's clients: tokens per second, and each request's time from
+    being added to its first token (the workload's order), the TTFT the engine gives with no fleet."""
+
+    tok_s: float
+    ttft_s: list[float]
+
+    def figures(self, first_wave: int) -> dict[str, float]:
+        return {
+            "offline_ttft_p50_ms": ms(pct(self.ttft_s, 50)),
+            "offline_ttft_p99_ms": ms(pct(self.ttft_s, 99)),
+            **ttft_waves(self.ttft_s, first_wave, prefix="offline_ttft"),
+        }
+
+
+def closed_loop(engine: LLMEngine, requests: list[Request], concurrency: int, label: str) -> ClosedLoop:
+    """`engine` serving `requests` with at most `concurrency` in flight, the next one added as soon as one
+    finishes: what `concurrency` clients ask of a worker, minus the fleet."""
     pending = list(reversed(requests))
     total = sum(r.params.max_tokens for r in requests)
+    added: dict[str, float] = {}
+    ttft: dict[str, float] = {}
     in_flight = 0
     start = time.perf_counter()
     with tqdm(total=total, desc=label, unit="tok", file=sys.stderr) as bar:
         while pending or engine.has_work():
             while pending and in_flight < concurrency:
-                engine.add_request(pending.pop())
+                request = pending.pop()
+                engine.add_request(request)
+                added[request.request_id] = time.perf_counter()
                 in_flight += 1
             for out in engine.step():
                 bar.update(len(out.new_token_ids))
+                if out.new_token_ids and out.request_id not in ttft:
+                    ttft[out.request_id] = time.perf_counter() - added[out.request_id]
                 in_flight -= out.finished
-    return total / (time.perf_counter() - start)
+    tok_s = total / (time.perf_counter() - start)
+    return ClosedLoop(tok_s, [ttft[r.request_id] for r in requests])
 
 
 def offline(
     bench: BenchModel, config: EngineConfig, cap: int | None, warmups: int, levels: list[int]
-) -> tuple[list[Request], list[Request], float, dict[int, float]]:
+) -> tuple[list[Request], list[Request], float, dict[int, ClosedLoop]]:
     """The workload (output tokens capped at `cap`), the warm-up requests, the offline engine's tokens per
-    second on the workload all at once, and with each level's number of requests in flight (each run on
-    a fresh engine after the warm-up, so none finds the last one's prefix cache)."""
+    second on the workload all at once, and its run with each level's number of requests in flight (each
+    on a fresh engine after the warm-up, so none finds the last one's prefix cache)."""
     engine = LLMEngine(bench.model_dir, config)
     requests = make_workload(bench.workload, engine.info.vocab_size, list(bench.adapters))
     warm = warmup_requests(warmups, list(bench.adapters), bench.workload.min_token_id)
@@ -232,7 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_level: dict[str, Any] = {}
     for concurrency in levels:
         results, wall, cpu = served(bench, args.model, flags, warm, requests, concurrency)
-        level = {**summarize(results, wall, closed[concurrency], offline_tok_s), "cpu_s": cpu}
+        level = {
+            **summarize(results, wall, closed[concurrency].tok_s, offline_tok_s, first_wave=concurrency),
+            **closed[concurrency].figures(first_wave=concurrency),
+            "cpu_s": cpu,
+        }
         if args.vllm_python:  # the same warm-up and clients against vLLM's server, right after
             log = Path(tempfile.gettempdir()) / f"bench-serve-vllm-{os.getpid()}-{concurrency}.log"
             dtype_spec = str(dtype).removeprefix("torch.")

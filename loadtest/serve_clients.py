@@ -20,7 +20,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,14 +170,31 @@ async def run_clients(
     return results, wall
 
 
+def ttft_waves(ttft_s: Sequence[float | None], first_wave: int, prefix: str = "ttft") -> dict[str, float]:
+    """TTFT of the first wave (the first `first_wave` requests, sent together when the clients start: a
+    burst the engine prefills in turn, so its last first token comes after all of its prompts are
+    computed) apart from the rest (each sent as another ends: steady state), in ms. With closed-loop
+    clients a level's overall p99 is the first wave's tail and its p50 sits where the waves meet."""
+    first = [t for t in ttft_s[:first_wave] if t is not None]
+    rest = [t for t in ttft_s[first_wave:] if t is not None]
+    return {
+        f"{prefix}_first_wave_p50_ms": ms(pct(first, 50)),
+        f"{prefix}_first_wave_max_ms": ms(max(first, default=float("nan"))),
+        f"{prefix}_rest_p50_ms": ms(pct(rest, 50)),
+        f"{prefix}_rest_p99_ms": ms(pct(rest, 99)),
+    }
+
+
 def summarize(
     results: list[StreamStats],
     wall_s: float,
     offline_tok_s: float | None = None,
     all_at_once_tok_s: float | None = None,
+    first_wave: int = 0,
 ) -> dict[str, Any]:
     """The figures of one concurrency level (the keys issue 15 names, and a few for context); those that
-    compare with the offline engine only when its figures are given."""
+    compare with the offline engine only when its figures are given; with `first_wave` (the number of
+    clients: `results` in the order they were sent) the TTFT of the first wave and of the rest."""
     tokens = sum(r.tokens for r in results)
     ttft = [r.ttft_s for r in results if r.ttft_s is not None]
     itl = [gap for r in results for gap in r.itl_s]
@@ -207,4 +224,5 @@ def summarize(
         "errors": sum(errors.values()),
         "refusals_429": sum(r.refusals for r in results),
         "error_kinds": dict(errors),
+        **(ttft_waves([r.ttft_s for r in results], first_wave) if first_wave else {}),
     }

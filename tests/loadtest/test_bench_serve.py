@@ -50,6 +50,10 @@ def test_bench_serve_reports_every_level(capsys: pytest.CaptureFixture[str]) -> 
         )
         assert 0 < level["ttft_p50_ms"] <= level["ttft_p99_ms"]
         assert 0 < level["itl_p50_ms"] <= level["itl_p99_ms"]
+        for side in ("ttft", "offline_ttft"):  # the first wave (sent at once) apart from the rest
+            assert 0 < level[f"{side}_first_wave_p50_ms"] <= level[f"{side}_first_wave_max_ms"]
+            assert 0 < level[f"{side}_rest_p50_ms"] <= level[f"{side}_rest_p99_ms"]
+        assert 0 < level["offline_ttft_p50_ms"] <= level["offline_ttft_p99_ms"]
 
 
 def _stat(pid: int) -> tuple[int, str, int, int] | None:

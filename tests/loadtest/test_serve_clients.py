@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from loadtest.serve_clients import StreamStats, stream_one
+from loadtest.serve_clients import StreamStats, stream_one, summarize
 
 REFUSED = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0\r\nContent-Length: 0\r\n\r\n"
 
@@ -87,3 +87,18 @@ def test_an_error_event_ends_the_request() -> None:
     stream = [STREAM_HEAD, chunk(sse(text("a"), {"error": {"code": "boom"}})), b"0\r\n\r\n"]
     stats = asyncio.run(serve_script([stream]))
     assert stats.error == "stream error: boom"
+
+
+@pytest.mark.timeout(10)
+def test_the_first_wave_of_ttft_is_reported_apart_from_the_rest() -> None:
+    """The first `first_wave` results (sent at once) and the rest (sent as others ended) are split; a
+    request that never saw a token counts in neither."""
+    ttfts = [1.0, 0.9, None, 0.1, 0.3, 0.2]
+    results = [StreamStats(ttft_s=t, tokens=4, error=None if t else "cut") for t in ttfts]
+    level = summarize(results, wall_s=2.0, first_wave=3)
+    assert level["ttft_first_wave_p50_ms"] == pytest.approx(950)
+    assert level["ttft_first_wave_max_ms"] == pytest.approx(1000)
+    assert level["ttft_rest_p50_ms"] == pytest.approx(200)
+    assert level["ttft_rest_p99_ms"] == pytest.approx(298)
+    assert level["ttft_p99_ms"] == pytest.approx(996)  # the overall tail is the first wave's
+    assert "ttft_first_wave_p50_ms" not in summarize(results, wall_s=2.0)
