@@ -83,7 +83,8 @@ class LoRAProjection:
     y_offset: the first column of the fused output it adds into;
     meta: the step's segments with this projection's slot tables on the host (`for_module`);
     b_pairs: optional, the same B in rank pairs `[L, S, out / 16, ceil(R / 2), 32]`, each slot's own ranks
-        packed densely (`kernels.sgmv_native.slot_pairs`), which the native CPU kernel's bf16 AMX path reads.
+        packed densely (`kernels.sgmv_native.slot_pairs`), which the native CPU kernel's bf16 paths
+        read (AMX, AVX512-BF16).
     """
 
     a: torch.Tensor

@@ -92,6 +92,15 @@ def sgmv_group_native(y: torch.Tensor, x: torch.Tensor, group: LoRAGroup, *, lay
         y.copy_(target)
 
 
+def bf16_pairs_ready() -> bool:
+    """Whether the native bf16 kernels read B in rank pairs (`rank_pairs`) here, where every projection has
+    them: on AMX tiles (`amx_ready`) or, on a CPU with AVX512-BF16 but no AMX (AMD Zen 4 and later), on
+    `vdpbf16ps`'s pair dot products (`kernels/csrc/sgmv_dpbf16.h`)."""
+    from kernels import native
+
+    return native.available() and bool(torch.ops.loragate_cpu.bf16_pairs_ready())
+
+
 def amx_ready() -> bool:
     """Whether the native bf16 kernels run on AMX tiles here (built, on Intel Sapphire Rapids or later,
     allowed by the OS): where they do, a B stack kept in rank pairs (`rank_pairs`) is read instead of B."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from kernels.backend import use_native
-from kernels.sgmv_native import amx_ready, write_slot_pairs
+from kernels.sgmv_native import bf16_pairs_ready, write_slot_pairs
 from loragate.contracts import AdapterTier
 from worker.config import ModelConfig
 from worker.device import is_cuda
@@ -30,9 +30,10 @@ def _b_pairs(
     layers: int, slots: int, fan_in: int, fan_out: int, rank: int, dtype: torch.dtype, device: str
 ) -> torch.Tensor | None:
     """Zeros `[L, S, out / 16, ceil(R / 2), 32]` for B in rank pairs (`kernels.sgmv_native.slot_pairs`)
-    where the native CPU kernels run bf16 on AMX and this module's shapes let them; None elsewhere. Kept
-    beside B (as much memory again as B) so that no step repacks an adapter's B."""
-    if not (dtype == torch.bfloat16 and use_native(torch.empty(0, device=device)) and amx_ready()):
+    where the native CPU kernels read them in bf16 (AMX, AVX512-BF16: `bf16_pairs_ready`) and this module's
+    shapes let them; None elsewhere. Kept beside B (as much memory again as B) so that no step repacks
+    an adapter's B."""
+    if not (dtype == torch.bfloat16 and use_native(torch.empty(0, device=device)) and bf16_pairs_ready()):
         return None
     if fan_in % 32 or fan_out % 16:
         return None
@@ -57,7 +58,7 @@ class LoRAStack:
     b: torch.Tensor  # [L, S, out, R] (on a CPU, a transposed view of [L, S, R, out]: see `_b_stack`)
     ranks: torch.Tensor  # [S] int64, 0 = slot empty or module not adapted
     scale: torch.Tensor  # [S] float32
-    b_pairs: torch.Tensor | None = None  # B in rank pairs, where the native bf16 kernel runs on AMX
+    b_pairs: torch.Tensor | None = None  # B in rank pairs, where the native bf16 kernel reads them
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,15 @@
 // per module, the chunk's 16-bit inputs converted once for all modules. A chunk's tiles of 4 tokens share
 // each block of weights while it is in L1 (`sgmv_blocks.h`), and threads take chunks as they finish
 // (segments differ in length). In bf16 on a CPU with AMX, a module whose B also comes in rank pairs
-// (`pairs`, kept by the adapter cache, each slot's own ranks dense) runs on AMX tiles instead (`sgmv_amx.h`):
-// the same sums, summed in the tiles' order.
+// (`pairs`, kept by the adapter cache, each slot's own ranks dense) runs on AMX tiles instead (`sgmv_amx.h`),
+// and on a CPU with AVX512-BF16 but no AMX on `vdpbf16ps` (`sgmv_dpbf16.h`): the same sums, summed in pairs.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "sgmv_amx.h"
 #include "sgmv_common.h"
+#include "sgmv_dpbf16.h"
 
 #include <algorithm>
 #include <array>
@@ -53,7 +54,7 @@ struct Scratch {
   std::vector<float> xs, vs;
   std::vector<std::vector<float>> b;
   std::vector<uint32_t> xt;  // AMX: x's chunk in pairs
-  std::vector<uint16_t> vh;  // AMX: v's bf16 bits
+  std::vector<uint16_t> vh;  // AMX, AVX512-BF16: v's bf16 bits
 };
 
 template <typename T>
@@ -69,6 +70,8 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
   // bf16 on AMX (`sgmv_amx.h`) for the modules whose B comes in rank pairs and whose shapes fit
   // (`loragate_amx::fits`; the adapter cache keeps pairs only for such shapes); the AVX blocks for the rest.
   const bool amx = std::is_same_v<T, at::BFloat16> && in % 32 == 0 && loragate_amx::ready();
+  // Else bf16 pairs on AVX512-BF16 (`sgmv_dpbf16.h`), for the same modules.
+  const bool dp = std::is_same_v<T, at::BFloat16> && in % 32 == 0 && !amx && loragate_dpbf16::ready();
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     constexpr bool wide = std::is_same_v<T, float>;
     // Scratch kept by each pool thread across calls: allocating it per call cost page faults every call
@@ -88,6 +91,7 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
       scratch.xt.resize(in / 32 * 256), scratch.vh.resize(CHUNK * loragate_amx::v_row(max_rank));
     }
 #endif
+    if (dp) scratch.vh.resize(CHUNK * loragate_dpbf16::v_row(max_rank));
     for (int64_t i = next++; i < count; i = next++) {
       const Chunk& k = work[i];
       const T* xt = xp + k.token * ldx;
@@ -112,6 +116,21 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
             const T* bp = static_cast<const T*>(md.pairs) + k.slot * md.pair_slot;
             loragate_amx::expand(*tiles, yp + k.token * ldy + md.offset, ldy, vh, ldv, k.rows, bp, ldv / 2, r,
                                  md.outs);
+            continue;
+          }
+        }
+#endif
+#if LORAGATE_DPBF16
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          if (dp && md.pairs != nullptr && loragate_dpbf16::fits(in, md.outs, r)) {
+            const int64_t ldv = loragate_dpbf16::v_row(r);
+            uint16_t* vh = scratch.vh.data();
+            std::fill(vh, vh + k.rows * ldv, uint16_t{0});  // an odd rank's last pair: half zero
+            const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
+            loragate_dpbf16::shrink(xt, ldx, k.rows, a, md.a_row, r, in,
+                                    [&](int64_t u, int64_t j, float s) { vh[u * ldv + j] = from_float<T>(scale * s).x; });
+            const T* bp = static_cast<const T*>(md.pairs) + k.slot * md.pair_slot;
+            loragate_dpbf16::expand(yp + k.token * ldy + md.offset, ldy, vh, ldv, k.rows, bp, md.outs);
             continue;
           }
         }
@@ -308,4 +327,6 @@ TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
   m.impl("sgmv_group", c10::DispatchKey::CPU, &sgmv_group);
   // Whether the bf16 kernels use AMX here (so B in rank pairs is worth keeping): built for it and allowed.
   m.def("amx_ready() -> bool", [] { return loragate_amx::ready(); });
+  // Whether the bf16 kernels read B in rank pairs here: on AMX, or on AVX512-BF16's pair dot products.
+  m.def("bf16_pairs_ready() -> bool", [] { return loragate_amx::ready() || loragate_dpbf16::ready(); });
 }

@@ -22,25 +22,27 @@ def group_case(
     transposed_b: bool = False,
     hidden: int = 40,
     device: str = "cpu",
+    projections: tuple[tuple[int, list[int]], ...] = PROJECTIONS,
 ) -> tuple[list[int], torch.Tensor, torch.Tensor, LoRAGroup]:
-    """(token slots, x, poisoned y, group): three projections side by side from column 4 of y, drawn on
-    the CPU and placed on `device`."""
+    """(token slots, x, poisoned y, group): `projections` (output width, per-slot ranks) side by side from
+    column 4 of y, drawn on the CPU and placed on `device`."""
     gen = torch.Generator().manual_seed(seed)
     seq_lens = torch.randint(1, 11, (9,), generator=gen).tolist()
-    slots = token_slots(popularity, seq_lens, len(PROJECTIONS[0][1]), gen, base_share=0.25)
+    slots = token_slots(popularity, seq_lens, len(projections[0][1]), gen, base_share=0.25)
     meta = LoRABatchMeta.from_token_slots(slots, device)
-    projections, offset = [], 4
-    for out, ranks in PROJECTIONS:
-        stack = lora_stack(2, ranks, hidden, out, dtype, gen, max_rank=16, padding=float("nan"))
+    max_rank = max(16, *(r for _, ranks in projections for r in ranks))
+    made, offset = [], 4
+    for out, ranks in projections:
+        stack = lora_stack(2, ranks, hidden, out, dtype, gen, max_rank=max_rank, padding=float("nan"))
         b = stack.b.transpose(2, 3).contiguous().transpose(2, 3) if transposed_b else stack.b
         rank_t = torch.tensor(ranks, dtype=torch.int64, device=device)
         module_meta = meta.for_module(ranks, stack.scale.tolist())
         a, b, scale = stack.a.to(device), b.to(device), stack.scale.to(device)
-        projections.append(LoRAProjection(a, b, scale, rank_t, offset, module_meta))
+        made.append(LoRAProjection(a, b, scale, rank_t, offset, module_meta))
         offset += out
     x = torch.randn(len(slots), hidden, generator=gen).to(dtype)
     y = torch.randn(len(slots), offset + 6, generator=gen).to(dtype)
-    return slots, x.to(device), y.to(device), LoRAGroup(tuple(projections), meta)
+    return slots, x.to(device), y.to(device), LoRAGroup(tuple(made), meta)
 
 
 def reference(

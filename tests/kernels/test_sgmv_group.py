@@ -3,7 +3,7 @@ shrink-then-expand per projection, on the torch loop and the native fused kernel
 
 Weights past each slot's rank are NaN, so a kernel that reads them fails; output columns outside the
 projections' slices, rows without an adapter and rows of slots that do not adapt a projection must come
-back bit-exact. Where the CPU has AMX, the native kernel's bf16 path reads B in rank pairs
+back bit-exact. Where the CPU has AMX or AVX512-BF16, the native kernel's bf16 path reads B in rank pairs
 (`rank_pairs`, kept by the adapter cache beside B): tested against the same reference.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 from kernels import LoRABatchMeta, LoRAGroup, sgmv_expand, sgmv_group, sgmv_shrink
 from kernels.backend import BACKEND_ENV
-from kernels.sgmv_native import amx_ready, rank_pairs, slot_pairs
+from kernels.sgmv_native import bf16_pairs_ready, rank_pairs, slot_pairs
 from tests.kernels.group_testing import LAYER, group_case, reference, untouched
 from tests.kernels.kernel_testing import POPULARITIES, TOLERANCE, rel_err
 
@@ -150,15 +150,19 @@ def _with_pairs(group: LoRAGroup, factor: float = 1.0) -> LoRAGroup:
     return LoRAGroup(tuple(projections), group.meta)
 
 
-@pytest.mark.skipif(not amx_ready(), reason="this CPU has no AMX (the bf16 path that reads rank pairs)")
+PAIRS_SKIP = "this CPU has neither AMX nor AVX512-BF16 (the bf16 paths that read rank pairs)"
+
+
+@pytest.mark.skipif(not bf16_pairs_ready(), reason=PAIRS_SKIP)
 @pytest.mark.parametrize("popularity", POPULARITIES)
-def test_native_bf16_group_on_amx_reads_b_in_rank_pairs(
-    popularity: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("hidden", [96, 64])
+def test_native_bf16_group_reads_b_in_rank_pairs(
+    popularity: str, hidden: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(BACKEND_ENV, "native")
     for seed in range(3):
-        # AMX takes rows of a multiple of 32 values: hidden 96; the ranks (<= 16) and widths (16, 48) fit.
-        slots, x, y0, group = group_case(popularity, torch.bfloat16, seed, transposed_b=True, hidden=96)
+        # Rows of a multiple of 32 values (96, 64); the ranks (<= 16) and widths (16, 48 or 32) fit.
+        slots, x, y0, group = group_case(popularity, torch.bfloat16, seed, transposed_b=True, hidden=hidden)
         y = y0.clone()
         sgmv_group(y, x, _with_pairs(group), layer=LAYER)
         assert rel_err(y, reference(slots, x, y0, group)) < TOLERANCE[torch.bfloat16]
@@ -171,8 +175,30 @@ def test_native_bf16_group_on_amx_reads_b_in_rank_pairs(
         assert rel_err(y, reference(slots, x, y0, doubled)) < TOLERANCE[torch.bfloat16]
 
 
-@pytest.mark.skipif(not amx_ready(), reason="this CPU has no AMX")
-def test_native_bf16_group_on_amx_gives_a_token_the_same_result_in_any_batch(
+@pytest.mark.skipif(not bf16_pairs_ready(), reason=PAIRS_SKIP)
+def test_native_bf16_group_reads_rank_pairs_of_odd_and_wide_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Odd ranks (a last pair half zero), ranks past 16 that are no multiple of 32 (AMX's tiles take those
+    on the AVX blocks; AVX512-BF16 in pairs) and 64 outputs (a whole pass of the expand) and 80 (a pass
+    and one block)."""
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    odd_and_wide = ((64, [3, 24, 0, 5, 1]), (16, [7, 0, 0, 24, 2]), (80, [1, 3, 2, 0, 24]))
+    for seed in range(3):
+        slots, x, y0, group = group_case(
+            "zipf", torch.bfloat16, seed, transposed_b=True, hidden=64, projections=odd_and_wide
+        )
+        y = y0.clone()
+        sgmv_group(y, x, _with_pairs(group), layer=LAYER)
+        assert rel_err(y, reference(slots, x, y0, group)) < TOLERANCE[torch.bfloat16]
+        keep = untouched(slots, y0, group)
+        assert torch.equal(y[keep], y0[keep])
+        doubled = LoRAGroup(tuple(replace(p, b=p.b * 2) for p in group.projections), group.meta)
+        y = y0.clone()
+        sgmv_group(y, x, _with_pairs(group, 2.0), layer=LAYER)  # what the pairs hold is what is read
+        assert rel_err(y, reference(slots, x, y0, doubled)) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.skipif(not bf16_pairs_ready(), reason=PAIRS_SKIP)
+def test_native_bf16_group_on_rank_pairs_gives_a_token_the_same_result_in_any_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each token's sums run in one order whatever the chunk around it: a segment's tokens one at a time

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.sgmv_native import amx_ready, slot_pairs
+from kernels.sgmv_native import bf16_pairs_ready, slot_pairs
 from worker.adapter_cache import AdapterCache
 from worker.models import load_model_config
 from worker.modelzoo.make import ZooPaths
@@ -69,9 +69,10 @@ def test_host_tier_is_bounded_in_bytes_and_reloads_from_disk(zoo: ZooPaths) -> N
     assert cache.disk_reads == 3
 
 
-@pytest.mark.skipif(not amx_ready(), reason="this CPU has no AMX: no B in rank pairs is kept")
-def test_bf16_slots_keep_b_in_rank_pairs_beside_b_on_amx(zoo: ZooPaths) -> None:
-    """What the native bf16 kernel reads on AMX follows every slot write, and is zero in an emptied slot."""
+@pytest.mark.skipif(not bf16_pairs_ready(), reason="neither AMX nor AVX512-BF16: no B in rank pairs is kept")
+def test_bf16_slots_keep_b_in_rank_pairs_beside_b_where_the_kernels_read_them(zoo: ZooPaths) -> None:
+    """What the native bf16 kernel reads on AMX or AVX512-BF16 follows every slot write, and is zero in an
+    emptied slot."""
     cfg = load_model_config(zoo.base("tiny"))
     cache = AdapterCache(cfg, 2, 64, 1 << 30, torch.bfloat16, "cpu")
     names = zoo.adapter_names("tiny")
