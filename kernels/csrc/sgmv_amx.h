@@ -1,6 +1,7 @@
 // The bf16 SGMV blocks on CPUs with AMX (Intel Sapphire Rapids and later): `tdpbf16ps` multiplies a tile of
 // up to 16 x 32 bf16 by one of 32 x 16 into 16 x 16 fp32 sums, ~13x the multiply-adds per cycle of AVX-512
-// fp32 FMAs here (AVX512-BF16's `vdpbf16ps` runs at half the FMA rate: no help). See docs/BENCHMARKS.md.
+// fp32 FMAs here (on these Intel CPUs AVX512-BF16's `vdpbf16ps` runs at half the FMA rate: no help; on AMD's Zen 4,
+// which has no AMX, it runs at the FMA rate, `sgmv_dpbf16.h`). See docs/BENCHMARKS.md.
 //
 // For a chunk of m <= 16 token rows of one adapter slot:
 // - shrink, per block of up to 16 rank rows j: C[j][u] = sum_d a[j][d] * x[u][d]. A's rows are read in place
