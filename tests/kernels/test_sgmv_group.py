@@ -153,6 +153,20 @@ def _with_pairs(group: LoRAGroup, factor: float = 1.0) -> LoRAGroup:
 PAIRS_SKIP = "this CPU has neither AMX nor AVX512-BF16 (the bf16 paths that read rank pairs)"
 
 
+def _check_pairs_path(slots: list[int], x: torch.Tensor, y0: torch.Tensor, group: LoRAGroup) -> None:
+    """The group with B in rank pairs against the reference, what it must not touch left bit-exact; and
+    the pairs are what the expand reads: pairs of 2 * B give the reference of 2 * B."""
+    y = y0.clone()
+    sgmv_group(y, x, _with_pairs(group), layer=LAYER)
+    assert rel_err(y, reference(slots, x, y0, group)) < TOLERANCE[torch.bfloat16]
+    keep = untouched(slots, y0, group)
+    assert torch.equal(y[keep], y0[keep])
+    doubled = LoRAGroup(tuple(replace(p, b=p.b * 2) for p in group.projections), group.meta)
+    y = y0.clone()
+    sgmv_group(y, x, _with_pairs(group, 2.0), layer=LAYER)
+    assert rel_err(y, reference(slots, x, y0, doubled)) < TOLERANCE[torch.bfloat16]
+
+
 @pytest.mark.skipif(not bf16_pairs_ready(), reason=PAIRS_SKIP)
 @pytest.mark.parametrize("popularity", POPULARITIES)
 @pytest.mark.parametrize("hidden", [96, 64])
@@ -163,16 +177,7 @@ def test_native_bf16_group_reads_b_in_rank_pairs(
     for seed in range(3):
         # Rows of a multiple of 32 values (96, 64); the ranks (<= 16) and widths (16, 48 or 32) fit.
         slots, x, y0, group = group_case(popularity, torch.bfloat16, seed, transposed_b=True, hidden=hidden)
-        y = y0.clone()
-        sgmv_group(y, x, _with_pairs(group), layer=LAYER)
-        assert rel_err(y, reference(slots, x, y0, group)) < TOLERANCE[torch.bfloat16]
-        keep = untouched(slots, y0, group)
-        assert torch.equal(y[keep], y0[keep])
-        # The pairs are what the expand reads: pairs of 2 * B give the reference of 2 * B.
-        doubled = LoRAGroup(tuple(replace(p, b=p.b * 2) for p in group.projections), group.meta)
-        y = y0.clone()
-        sgmv_group(y, x, _with_pairs(group, 2.0), layer=LAYER)
-        assert rel_err(y, reference(slots, x, y0, doubled)) < TOLERANCE[torch.bfloat16]
+        _check_pairs_path(slots, x, y0, group)
 
 
 @pytest.mark.skipif(not bf16_pairs_ready(), reason=PAIRS_SKIP)
@@ -186,15 +191,7 @@ def test_native_bf16_group_reads_rank_pairs_of_odd_and_wide_ranks(monkeypatch: p
         slots, x, y0, group = group_case(
             "zipf", torch.bfloat16, seed, transposed_b=True, hidden=64, projections=odd_and_wide
         )
-        y = y0.clone()
-        sgmv_group(y, x, _with_pairs(group), layer=LAYER)
-        assert rel_err(y, reference(slots, x, y0, group)) < TOLERANCE[torch.bfloat16]
-        keep = untouched(slots, y0, group)
-        assert torch.equal(y[keep], y0[keep])
-        doubled = LoRAGroup(tuple(replace(p, b=p.b * 2) for p in group.projections), group.meta)
-        y = y0.clone()
-        sgmv_group(y, x, _with_pairs(group, 2.0), layer=LAYER)  # what the pairs hold is what is read
-        assert rel_err(y, reference(slots, x, y0, doubled)) < TOLERANCE[torch.bfloat16]
+        _check_pairs_path(slots, x, y0, group)
 
 
 @pytest.mark.skipif(not bf16_pairs_ready(), reason=PAIRS_SKIP)
