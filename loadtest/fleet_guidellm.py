@@ -8,8 +8,10 @@ synthetic (Faker) prompts of `prompt_tokens` tokens by the model's own tokenizer
 `output_tokens` (guidellm sends `max_tokens` with `ignore_eos: true`; we add `temperature: 0`). Its JSON
 report's first benchmark maps to our figures as follows:
 
-- requests / errors: `request_totals` successful / errored + incomplete (a 429 from admission is an error;
-  a run with no success raises);
+- requests / errors: `request_totals` successful / the scheduler's `requests_made` errored + incomplete (a
+  429 from admission is an error; a run with no success raises). `requests_made` also counts requests
+  guidellm cancelled before they started, which `request_totals` leave out (though the last event of a
+  run, if it is such a cancellation, reaches neither: a loaded run once reported 15 of 16);
 - ttft_p50_ms / ttft_p99_ms: percentiles of `time_to_first_token_ms` over successful requests (request
   headers sent to first streamed text chunk);
 - itl_p50_ms / itl_p99_ms: percentiles of `inter_token_latency_ms`, a per-request mean gap, (last token -
@@ -121,15 +123,16 @@ def tail(log: Path, chars: int = 3000) -> str:
 
 def figures(report: dict[str, Any]) -> dict[str, float]:
     """The first benchmark of a guidellm JSON report, in our terms."""
-    metrics = report["benchmarks"][0]["metrics"]
-    totals = metrics["request_totals"]
+    benchmark = report["benchmarks"][0]
+    metrics = benchmark["metrics"]
+    totals, made = metrics["request_totals"], benchmark["scheduler_metrics"]["requests_made"]
 
     def pct(name: str, q: str) -> float:
         return float(metrics[name]["successful"]["percentiles"][q])
 
     return {
         "requests": float(totals["successful"]),
-        "errors": float(totals["errored"] + totals["incomplete"]),
+        "errors": float(made["errored"] + made["incomplete"]),
         "ttft_p50_ms": pct("time_to_first_token_ms", "p50"),
         "ttft_p99_ms": pct("time_to_first_token_ms", "p99"),
         "itl_p50_ms": pct("inter_token_latency_ms", "p50"),

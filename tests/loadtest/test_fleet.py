@@ -109,8 +109,10 @@ def test_a_small_run_reports_real_and_simulated_figures(
     assert scaling["peak_workers"] >= 1 and scaling["workers_at_end"] == 0 and scaling["requests"] > 0
     assert {Path(p).name for p in summary["plots"]} >= {"ttft_cdf.png", "goodput.png", "autoscaling.png"}
     tool = summary["guidellm"]  # the outside tool, on the same stack
-    # (guidellm does not retry a 429 from admission, which a busy machine may give: counted as errors)
-    assert tool["requests"] + tool["errors"] == 16 and tool["requests"] >= 1 and tool["ttft_p50_ms"] > 0
+    # (guidellm does not retry a 429 from admission, which a busy machine may give: counted as errors; and
+    # its reports can leave out a request it cancelled unsent when it stopped: a loaded CI counted 15 of 16
+    # successful, none errored or incomplete)
+    assert 15 <= tool["requests"] + tool["errors"] <= 16 and tool["requests"] >= 1 and tool["ttft_p50_ms"] > 0
     for plot in summary["plots"]:
         assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = Path(summary["report"]).read_text()
