@@ -169,10 +169,12 @@ def closed_loop(engine: LLMEngine, requests: list[Request], concurrency: int, la
                 engine.add_request(request)
                 added[request.request_id] = time.perf_counter()
                 in_flight += 1
-            for out in engine.step():
+            outs = engine.step()
+            now = time.perf_counter()  # when the step's tokens are out
+            for out in outs:
                 bar.update(len(out.new_token_ids))
                 if out.new_token_ids and out.request_id not in ttft:
-                    ttft[out.request_id] = time.perf_counter() - added[out.request_id]
+                    ttft[out.request_id] = now - added[out.request_id]
                 in_flight -= out.finished
     tok_s = total / (time.perf_counter() - start)
     return ClosedLoop(tok_s, [ttft[r.request_id] for r in requests])
