@@ -22,6 +22,7 @@
 #include <ATen/ATen.h>
 
 #include "convert.h"
+#include "sgmv_blocks.h"
 
 #include <cstdint>
 #include <cstring>
@@ -57,8 +58,7 @@ inline bool fits(int64_t in, int64_t outs, int64_t r) {
   return in % 32 == 0 && outs % 16 == 0 && r > 0 && (r <= 16 || r % 32 == 0);
 }
 
-// v's row length for rank r: r rounded up to even (whole pairs; the expand takes up to 32 a tile).
-inline int64_t v_row(int64_t r) { return (r + 1) / 2 * 2; }
+using loragate_sgmv::v_row;  // the expand takes up to 32 of a row a tile
 
 #if LORAGATE_AMX
 

@@ -22,6 +22,10 @@ namespace loragate_sgmv {
 
 using loragate::from_float;
 
+// The row length of v in bf16 pairs for rank r (the AMX and AVX512-BF16 paths, `sgmv_amx.h`, `sgmv_dpbf16.h`):
+// r rounded up to even, whole pairs, a zero past an odd rank.
+inline int64_t v_row(int64_t r) { return (r + 1) / 2 * 2; }
+
 constexpr int64_t TILE = 4;  // token rows per block
 #if defined(__AVX512F__)
 constexpr int64_t VL = 16;  // lanes of `vf`

@@ -42,8 +42,7 @@ constexpr bool ready() { return LORAGATE_DPBF16 != 0; }
 // (v's rows are padded to whole pairs with a zero).
 inline bool fits(int64_t in, int64_t outs, int64_t r) { return in % 32 == 0 && outs % 16 == 0 && r > 0; }
 
-// v's row length for rank r: r rounded up to even (whole pairs).
-inline int64_t v_row(int64_t r) { return (r + 1) / 2 * 2; }
+using loragate_sgmv::v_row;
 
 #if LORAGATE_DPBF16
 
