@@ -42,7 +42,8 @@ inline const float* as_float<float>(const float* src, float*, int64_t) {
 // sweep along each block, so the cache streams block by block (`BS * KVH * D` contiguous values).
 // `DIM` is the head size when it is a compile-time constant (the common ones), else 0 and `dim` is used.
 // A head size that is a multiple of 16 takes the register-blocked loops of `decode_blocks.h` (runs of up
-// to 16 keys, the next block prefetched); others the per-key loops below.
+// to 16 keys, the next block prefetched); others the per-key loops below. Each head's scores sit in a row
+// padded past n by at least a vector (whole-vector stores; -inf past n for the softmax's whole vectors).
 template <typename T, int DIM>
 void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
@@ -60,17 +61,23 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
   const int64_t token = kv_heads * dim;  // values per cached token
   const int64_t block_bytes = block_size * token * static_cast<int64_t>(sizeof(T));
   const float fscale = static_cast<float>(scale);
+  constexpr int NL = loragate_decode::NL;
 
   constexpr bool blocked = DIM > 0 && DIM % 16 == 0;
-  constexpr bool widen = !std::is_same_v<T, float>;  // 16-bit rows widened into `buf` before use
+  constexpr bool bf16 = std::is_same_v<T, at::BFloat16>;
+  constexpr bool dp = blocked && bf16 && loragate_decode::dp_scores<DIM>();  // keys read as stored
+  // 16-bit rows widened into `buf` before use: keys unless `dp`; values only for fp16 (bf16 widens on load).
+  constexpr bool widen_k = blocked && !std::is_same_v<T, float> && !dp;
+  constexpr bool widen_v = blocked && std::is_same_v<T, at::Half>;
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(heads * dim), acc(heads * dim), row(token), scores, sums(heads);
-    std::vector<float> buf(blocked && widen ? block_size * token : 0);
+    std::vector<float> buf(widen_k || widen_v ? block_size * token : 0);
     loragate_decode::Ahead ahead;
     // Pass over [lo, ctx) of `cache` along `table`, in runs within a block (at most 16 keys when blocked):
-    // run(rows, i, count) gets the run's first token row (fp32) and its offset i from lo. Blocked, each
-    // block's first run prefetches the next block, or after the last one `tail` (a block, or null).
-    auto sweep = [&](const T* cache, const int64_t* table, int64_t lo, int64_t ctx, const T* tail, auto&& run) {
+    // run(rows, i, count) gets the run's first token row (fp32 when `widen`) and its offset i from lo.
+    // Blocked, each block's first run prefetches the next block, or after the last one `tail` (or null).
+    auto sweep = [&]<bool widen>(const T* cache, const int64_t* table, int64_t lo, int64_t ctx, const T* tail,
+                                 auto&& run) {
       for (int64_t p = lo; p < ctx;) {
         const int64_t blk = p / block_size, off = p % block_size;
         const int64_t count = std::min({block_size - off, ctx - p, blocked ? int64_t{16} : block_size});
@@ -80,7 +87,7 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
           ahead.start(last ? tail : cache + table[blk + 1] * block_size * token, block_bytes,
                       (std::min(block_size - off, ctx - p) + 15) / 16 * heads);
         }
-        if constexpr (blocked && widen) {
+        if constexpr (widen) {
           loragate::to_float(buf.data(), rows, count * token);
           run(static_cast<const float*>(buf.data()), p - lo, count);
         } else {
@@ -93,16 +100,31 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       const int64_t ctx = lens[b];
       const int64_t lo = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
       const int64_t n = ctx - lo;
+      T* o = op + b * heads * dim;
+      if (n <= 0) {  // nothing to attend to
+        std::fill(o, o + heads * dim, static_cast<T>(0.f));
+        continue;
+      }
+      const int64_t nv = (n + NL - 1) / NL * NL, ns = nv + NL;  // scores' row: padded past n by >= NL
       const int64_t* table = tables + b * width;
-      load_row(qf.data(), qp + b * ldq, heads * dim);
-      for (int64_t i = 0; i < heads * dim; ++i) qf[i] *= fscale;
-      scores.resize(heads * n);  // [heads][n]
+      const T* qb = qp + b * ldq;
+      if constexpr (!dp) {
+        load_row(qf.data(), qb, heads * dim);
+        for (int64_t i = 0; i < heads * dim; ++i) qf[i] *= fscale;
+      }
+      scores.resize(heads * ns);  // [heads][ns]
       // Pass 1: scores, block by block (no division per token).
-      const T* first_value = n > 0 ? vp + table[lo / block_size] * block_size * token : nullptr;
+      const T* first_value = vp + table[lo / block_size] * block_size * token;
       const T* next_key = b + 1 < end ? kp + tables[(b + 1) * width] * block_size * token : nullptr;
-      sweep(kp, table, lo, ctx, first_value, [&](const auto* key, int64_t i, int64_t count) {
-        if constexpr (blocked) {
-          loragate_decode::score_run<DIM>(scores.data() + i, qf.data(), key, count, token, heads, group, n, ahead);
+      sweep.template operator()<widen_k>(kp, table, lo, ctx, first_value, [&](const auto* key, int64_t i,
+                                                                              int64_t count) {
+        if constexpr (dp) {
+#if LORAGATE_DPBF16
+          loragate_decode::score_run_dp<DIM>(scores.data() + i, qb, key, count, token, heads, group, ns, fscale,
+                                             ahead);
+#endif
+        } else if constexpr (blocked) {
+          loragate_decode::score_run<DIM>(scores.data() + i, qf.data(), key, count, token, heads, group, ns, ahead);
         } else {
           for (int64_t j = 0; j < count; ++j, key += token) {
             const float* kr = as_float(key, row.data(), token);
@@ -112,33 +134,30 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
               float s = 0.f;
 #pragma omp simd reduction(+ : s)
               for (int64_t d = 0; d < dim; ++d) s += qh[d] * kh[d];
-              scores[hq * n + i + j] = s;
+              scores[hq * ns + i + j] = s;
             }
           }
         }
       });
-      // Softmax numerators and denominators, per query head (one vector exp per head).
+      // Softmax numerators and denominators, per query head, over whole vectors (exp(-inf) = 0 past n).
       for (int64_t hq = 0; hq < heads; ++hq) {
-        float* sh = scores.data() + hq * n;
-        float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-        for (int64_t i = 0; i < n; ++i) m = std::max(m, sh[i]);
-        loragate::exp_shifted(sh, n, m);
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t i = 0; i < n; ++i) total += sh[i];
-        sums[hq] = total;
+        float* sh = scores.data() + hq * ns;
+        const float m = loragate::max_floats(sh, n);
+        std::fill(sh + n, sh + nv, -std::numeric_limits<float>::infinity());
+        sums[hq] = loragate::exp_shifted_sum(sh, nv, m);
       }
       // Pass 2: the weighted sum of values.
       std::fill(acc.begin(), acc.end(), 0.f);
-      sweep(vp, table, lo, ctx, next_key, [&](const auto* value, int64_t i, int64_t count) {
+      sweep.template operator()<widen_v>(vp, table, lo, ctx, next_key, [&](const auto* value, int64_t i,
+                                                                           int64_t count) {
         if constexpr (blocked) {
-          loragate_decode::weigh_run<DIM>(acc.data(), scores.data() + i, value, count, token, heads, group, n, ahead);
+          loragate_decode::weigh_run<DIM>(acc.data(), scores.data() + i, value, count, token, heads, group, ns,
+                                          ahead);
         } else {
           for (int64_t j = 0; j < count; ++j, value += token) {
             const float* vr = as_float(value, row.data(), token);
             for (int64_t hq = 0; hq < heads; ++hq) {
-              const float w = scores[hq * n + i + j];
+              const float w = scores[hq * ns + i + j];
               const float* vh = vr + (hq / group) * dim;
               float* a = acc.data() + hq * dim;
 #pragma omp simd
@@ -147,7 +166,6 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
           }
         }
       });
-      T* o = op + b * heads * dim;
       for (int64_t hq = 0; hq < heads; ++hq) {
         const float inv = 1.f / sums[hq];
         for (int64_t d = 0; d < dim; ++d) o[hq * dim + d] = static_cast<T>(acc[hq * dim + d] * inv);

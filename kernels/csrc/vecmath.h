@@ -3,6 +3,7 @@
 // and for the tails, as torch's scalar loops do. Shared by the native CPU kernels.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -37,17 +38,61 @@ inline void silu_floats(float* act, const float* g, int64_t n) {
   for (; i < n; ++i) act[i] = g[i] / (1.f + std::exp(-g[i]));
 }
 
-// x[i] = exp(x[i] - m)
-inline void exp_shifted(float* x, int64_t n, float m) {
+// The largest of x[0..n), n > 0 (NaN aside: a vector max where it can, std::max for the tail).
+inline float max_floats(const float* x, int64_t n) {
+  float m = x[0];
   int64_t i = 0;
 #if defined(__AVX512F__)
+  if (n >= 16) {
+    __m512 v = _mm512_loadu_ps(x);
+    for (i = 16; i + 16 <= n; i += 16) v = _mm512_max_ps(v, _mm512_loadu_ps(x + i));
+    m = _mm512_reduce_max_ps(v);
+  }
+#elif defined(__AVX2__)
+  if (n >= 8) {
+    __m256 v = _mm256_loadu_ps(x);
+    for (i = 8; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + i));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, v);
+    m = lanes[0];
+    for (int l = 1; l < 8; ++l) m = std::max(m, lanes[l]);
+  }
+#endif
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// x[i] = exp(x[i] - m) for i < n, and their sum: the vectors' lanes summed as they go, then reduced; the
+// tail (none when n is a multiple of the vector) after, in order. A fixed order for each n.
+inline float exp_shifted_sum(float* x, int64_t n, float m) {
+  int64_t i = 0;
+  float total = 0.f;
+#if defined(__AVX512F__)
   const __m512 mv = _mm512_set1_ps(m);
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv)));
+  __m512 s = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    _mm512_storeu_ps(x + i, e);
+    s = _mm512_add_ps(s, e);
+  }
+  total = _mm512_reduce_add_ps(s);
 #elif defined(__AVX2__)
   const __m256 mv = _mm256_set1_ps(m);
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, Sleef_expf8_u10(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+  __m256 s = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = Sleef_expf8_u10(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    _mm256_storeu_ps(x + i, e);
+    s = _mm256_add_ps(s, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, s);
+  for (int l = 0; l < 8; ++l) total += lanes[l];
 #endif
-  for (; i < n; ++i) x[i] = std::exp(x[i] - m);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    total += x[i];
+  }
+  return total;
 }
 
 }  // namespace loragate

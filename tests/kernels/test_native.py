@@ -23,18 +23,22 @@ def test_the_kernels_build_here_and_are_used_for_cpu_tensors(monkeypatch: pytest
     assert not use_native(torch.zeros(1))
 
 
-# 32 and 64: the register-blocked loops (several sequences a thread: each prefetches the next one's first
-# block); 80: the generic-size loop; 256: a size past 128.
+# 32, 64 and 128: the register-blocked loops (several sequences a thread: each prefetches the next one's
+# first block; bf16 scores from `vdpbf16ps` where the CPU has it); 80: the generic-size loop; 256: a size
+# past 128. Query heads per KV head: 3; 1 (no GQA), 5 and 8 (the weighted values take 4 heads at a time).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("head_dim", [32, 64, 80, 256])
+@pytest.mark.parametrize(
+    ("head_dim", "group"),
+    [(32, 3), (64, 3), (80, 3), (128, 3), (256, 3), (64, 1), (64, 5), (128, 8), (32, 8)],
+)
 def test_decode_on_a_large_ragged_batch_with_shuffled_blocks(
-    head_dim: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+    head_dim: int, group: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(BACKEND_ENV, "native")
-    gen = torch.Generator().manual_seed(head_dim)
+    gen = torch.Generator().manual_seed(head_dim + group)
     ctx_lens = torch.randint(1, 300, (37,), generator=gen).tolist()
     kv = paged_kv(ctx_lens, 16, 2, head_dim, dtype, gen)
-    q = torch.randn(len(ctx_lens), 6, head_dim, generator=gen).to(dtype)
+    q = torch.randn(len(ctx_lens), 2 * group, head_dim, generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
     meta = decode_meta(kv, ctx_lens)
     paged_attention_decode(out, q, kv.k, kv.v, meta, scale=head_dim**-0.5, sliding_window=None)
