@@ -163,7 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = LLMEngine(
         bench.model_dir,
         EngineConfig(
-            adapters=adapters, max_loras=args.max_loras, device=device, dtype=dtype, cuda_graphs=graphs
+            adapters=adapters,
+            max_loras=args.max_loras,
+            device=device,
+            dtype=dtype,
+            cuda_graphs=graphs,
+            kv_prefault=True,  # as `loragate worker` runs it: no first writes of the pool in the steps
         ),
     )
     requests = capped(
