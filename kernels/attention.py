@@ -4,8 +4,8 @@
 KV cache layout: `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, for K and V. A token's
 slot is `block_id * block_size + offset`. The backend follows the tensors' device (see `kernels.backend`):
 the Triton kernels of `kernels.attention_decode_triton` and `kernels.attention_prefill_triton` on CUDA; on
-a CPU the native decode kernel (`kernels.attention_native`) where it builds, and `kernels.attention_torch`
-for the rest. The KV write is one `index_copy_` per tensor, or one native call on a CPU.
+a CPU the native kernel (`kernels.attention_native`: decode, and prefill as one decode row per new token)
+where it builds, and `kernels.attention_torch` for the rest. The KV write is one `index_copy_` per tensor, or one native call on a CPU.
 
 Sliding-window attention (Mistral, windowed Qwen2 layers) is the same causal attention with the keys
 more than `sliding_window - 1` positions behind the query masked out: the query at position `p` sees keys
@@ -20,7 +20,11 @@ from __future__ import annotations
 import torch
 
 from kernels.attention_meta import AttentionMeta
-from kernels.attention_native import paged_attention_decode_native, write_kv_native
+from kernels.attention_native import (
+    paged_attention_decode_native,
+    paged_attention_prefill_native,
+    write_kv_native,
+)
 from kernels.attention_torch import (
     paged_attention_decode_torch,
     paged_attention_prefill_torch,
@@ -129,6 +133,10 @@ def paged_attention_prefill(
         from kernels.attention_prefill_triton import paged_attention_prefill_triton
 
         paged_attention_prefill_triton(
+            out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
+        )
+    elif use_native(q):
+        paged_attention_prefill_native(
             out, q, k_cache, v_cache, meta, scale=scale, sliding_window=sliding_window
         )
     else:

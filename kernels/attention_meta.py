@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 import torch
 
@@ -55,6 +56,19 @@ class AttentionMeta:
         order = sorted(range(len(lens)), key=lambda b: -lens[b])
         index = torch.tensor(order, dtype=torch.int64, device=self.context_lens.device)
         return tuple(lens[b] for b in order), index
+
+    @cached_property
+    def per_query(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prefill group as one row per query (`kernels.attention_native`'s prefill): each query's
+        sequence index and the context it sees (its position + 1), `[T]` each, int64. In the worked
+        example above: `([0, 0, 1, 1, 1], [5, 6, 1, 2, 3])`."""
+        starts, lens = self.query_start_list, self.context_lens_list
+        dev = self.context_lens.device
+        counts = [e - s for s, e in pairwise(starts)]
+        rows = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(counts, device=dev))
+        first = torch.tensor([c - n + 1 for c, n in zip(lens, counts, strict=True)], device=dev)
+        begin = torch.tensor(starts[:-1], device=dev) - starts[0]  # each sequence's first row
+        return rows, first[rows] + torch.arange(starts[-1] - starts[0], device=dev) - begin[rows]
 
     @property
     def num_seqs(self) -> int:

@@ -1,4 +1,5 @@
-// Paged decode attention for CPUs: one call per layer for the whole decode batch; and the KV write.
+// Paged decode attention for CPUs: one call per layer for the whole decode batch; prefill attention as
+// decode rows, one per new token; and the KV write.
 //
 // Each sequence is one task (at::parallel_for, torch's own thread pool). A task reads its sequence's keys
 // once, block by block along its block table, scoring all G query heads of each KV head against each key
@@ -44,9 +45,13 @@ inline const float* as_float<float>(const float* src, float*, int64_t) {
 // A head size that is a multiple of 16 takes the register-blocked loops of `decode_blocks.h` (runs of up
 // to 16 keys, the next block prefetched); others the per-key loops below. Each head's scores sit in a row
 // padded past n by at least a vector (whole-vector stores; -inf past n for the softmax's whole vectors).
+// `rows` (null for decode): row b's block table is block_tables[rows[b]] (prefill: each query a row of its
+// own over its sequence's table), and each of the P tasks takes every P-th row, so that the rows of a long
+// prompt, each one key longer than the last, share out evenly.
 template <typename T, int DIM>
 void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
+            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window,
+            const int64_t* rows) {
   const int64_t batch = q.size(0), heads = q.size(1);
   const int64_t dim = DIM > 0 ? DIM : q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
@@ -69,7 +74,8 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
   // 16-bit rows widened into `buf` before use: keys unless `dp`; values only for fp16 (bf16 widens on load).
   constexpr bool widen_k = blocked && !std::is_same_v<T, float> && !dp;
   constexpr bool widen_v = blocked && std::is_same_v<T, at::Half>;
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+  // Rows first, first + stride, ... below end, one after another in one task.
+  auto work = [&](int64_t first, int64_t end, int64_t stride) {
     std::vector<float> qf(heads * dim), acc(heads * dim), row(token), scores, sums(heads);
     std::vector<float> buf(widen_k || widen_v ? block_size * token : 0);
     loragate_decode::Ahead ahead;
@@ -96,7 +102,8 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
         p += count;
       }
     };
-    for (int64_t b = begin; b < end; ++b) {
+    auto table_of = [&](int64_t b) { return tables + (rows != nullptr ? rows[b] : b) * width; };
+    for (int64_t b = first; b < end; b += stride) {
       const int64_t ctx = lens[b];
       const int64_t lo = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
       const int64_t n = ctx - lo;
@@ -106,7 +113,7 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
         continue;
       }
       const int64_t nv = (n + NL - 1) / NL * NL, ns = nv + NL;  // scores' row: padded past n by >= NL
-      const int64_t* table = tables + b * width;
+      const int64_t* table = table_of(b);
       const T* qb = qp + b * ldq;
       if constexpr (!dp) {
         load_row(qf.data(), qb, heads * dim);
@@ -115,7 +122,7 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       scores.resize(heads * ns);  // [heads][ns]
       // Pass 1: scores, block by block (no division per token).
       const T* first_value = vp + table[lo / block_size] * block_size * token;
-      const T* next_key = b + 1 < end ? kp + tables[(b + 1) * width] * block_size * token : nullptr;
+      const T* next_key = b + stride < end ? kp + table_of(b + stride)[0] * block_size * token : nullptr;
       sweep.template operator()<widen_k>(kp, table, lo, ctx, first_value, [&](const auto* key, int64_t i,
                                                                               int64_t count) {
         if constexpr (dp) {
@@ -171,22 +178,32 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
         for (int64_t d = 0; d < dim; ++d) o[hq * dim + d] = static_cast<T>(acc[hq * dim + d] * inv);
       }
     }
-  });
+  };
+  if (rows == nullptr) {
+    at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) { work(begin, end, 1); });
+  } else {
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batch));
+    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) work(c, batch, tasks);
+    });
+  }
 }
 
 template <typename T>
 void decode_any_dim(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                    const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
+                    const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window,
+                    const int64_t* rows) {
   switch (q.size(2)) {
-    case 32: decode<T, 32>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
-    case 64: decode<T, 64>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
-    case 128: decode<T, 128>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
-    default: decode<T, 0>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window);
+    case 32: decode<T, 32>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, rows); break;
+    case 64: decode<T, 64>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, rows); break;
+    case 128: decode<T, 128>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, rows); break;
+    default: decode<T, 0>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, rows);
   }
 }
 
-void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
+void attend(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window,
+            const int64_t* rows) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "paged_decode: q must be [B, H, D] with each row's heads contiguous");
   TORCH_CHECK(out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
@@ -197,11 +214,30 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
               "paged_decode: q, out and the cache must share a dtype");
   switch (q.scalar_type()) {
-    case at::kFloat: decode_any_dim<float>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
-    case at::kBFloat16: decode_any_dim<at::BFloat16>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
-    case at::kHalf: decode_any_dim<at::Half>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window); break;
+    case at::kFloat: decode_any_dim<float>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, rows); break;
+    case at::kBFloat16: decode_any_dim<at::BFloat16>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, rows); break;
+    case at::kHalf: decode_any_dim<at::Half>(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, rows); break;
     default: TORCH_CHECK(false, "paged_decode: unsupported dtype ", q.scalar_type());
   }
+}
+
+void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t window) {
+  attend(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, nullptr);
+}
+
+// Prefill attention as decode rows: query b attends the first context_lens[b] tokens (its position + 1) of
+// sequence rows[b]'s block table (the causal mask by lengths; a window as in decode).
+void paged_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                   const at::Tensor& block_tables, const at::Tensor& rows, const at::Tensor& context_lens,
+                   double scale, int64_t window) {
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.is_contiguous() && rows.dim() == 1 && rows.size(0) == q.size(0),
+              "paged_prefill: rows must be contiguous int64 [T], one per query");
+  TORCH_CHECK(context_lens.dim() == 1 && context_lens.size(0) == q.size(0), "paged_prefill: one context length per query");
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  for (int64_t t = 0; t < rows.size(0); ++t)
+    TORCH_CHECK(rp[t] >= 0 && rp[t] < block_tables.size(0), "paged_prefill: row ", rp[t], " outside the block tables");
+  attend(out, q, k_cache, v_cache, block_tables, context_lens, scale, window, rp);
 }
 
 // k_cache.view(-1, KVH, D)[slots[t]] = k[t], v_cache likewise: one token's KVH * D values at a time.
@@ -244,7 +280,10 @@ void write_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const
 TORCH_LIBRARY(loragate_cpu, m) {
   m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale, int window) -> ()");
+  m.def("paged_prefill(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor rows, Tensor context_lens, float scale, int window) -> ()");
   m.def("write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()");
   m.impl("paged_decode", c10::DispatchKey::CPU, &paged_decode);
+  m.impl("paged_prefill", c10::DispatchKey::CPU, &paged_prefill);
   m.impl("write_kv", c10::DispatchKey::CPU, &write_kv);
 }

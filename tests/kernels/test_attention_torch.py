@@ -10,6 +10,7 @@ import torch
 
 import kernels.attention_torch
 from kernels import AttentionMeta, paged_attention_decode, paged_attention_prefill, write_kv
+from kernels.backend import BACKEND_ENV
 from tests.kernels.kernel_testing import (
     TOLERANCE,
     decode_meta,
@@ -25,9 +26,11 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GQA = [(4, 4), (8, 2), (8, 1)]  # (query heads, KV heads): ratios 1, 4, 8
 
 
-@pytest.fixture(params=["sdpa", "tiles"])
+@pytest.fixture(params=["sdpa", "tiles", "native"])
 def prefill_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a prefill test on both CPU prefill paths: torch's fused SDPA and the explicit query tiles."""
+    """Runs a prefill test on every CPU prefill path: the torch backend's fused SDPA and its explicit query
+    tiles, and the native kernel's decode rows (`kernels.attention_native`; fails if it cannot build)."""
+    monkeypatch.setenv(BACKEND_ENV, "native" if request.param == "native" else "torch")
     threshold = 1 if request.param == "sdpa" else 10**9
     monkeypatch.setattr(kernels.attention_torch, "SDPA_MIN_QUERIES", threshold)
     return str(request.param)
@@ -127,6 +130,7 @@ def test_prefill_matches_reference(
 
 
 def test_prefill_query_tiles_meet_at_the_causal_diagonal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "torch")
     monkeypatch.setattr(kernels.attention_torch, "SDPA_MIN_QUERIES", 10**9)
     monkeypatch.setattr(kernels.attention_torch, "PREFILL_TILE_BYTES", 1)  # 16-query tiles
     out, ref = run_prefill([50, 23], [0, 30], 16, (8, 2), 64, torch.float32, seed=9)
@@ -136,7 +140,8 @@ def test_prefill_query_tiles_meet_at_the_causal_diagonal(monkeypatch: pytest.Mon
 @pytest.mark.parametrize("window", [None, 70])
 def test_long_prefill_chunks_go_to_fused_sdpa(window: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """At the default threshold a long chunk (over a cached prefix, or not) runs in torch's SDPA, a short
-    one in query tiles; both match the reference."""
+    one in query tiles; both match the reference (the torch path: the native one takes every chunk)."""
+    monkeypatch.setenv(BACKEND_ENV, "torch")
     calls: list[int] = []
     sdpa = kernels.attention_torch._sdpa_attention
 
@@ -201,6 +206,7 @@ def test_prefill_sliding_window_matches_reference(
 
 
 def test_prefill_sliding_window_across_query_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "torch")
     monkeypatch.setattr(kernels.attention_torch, "SDPA_MIN_QUERIES", 10**9)
     monkeypatch.setattr(kernels.attention_torch, "PREFILL_TILE_BYTES", 1)  # 16-query tiles
     out, ref = run_prefill([50, 23], [0, 30], 16, (8, 2), 64, torch.float32, seed=9, window=19)

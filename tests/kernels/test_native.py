@@ -9,9 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import AttentionMeta, native, paged_attention_decode
+from kernels import AttentionMeta, native, paged_attention_decode, paged_attention_prefill
 from kernels.backend import BACKEND_ENV, use_native
-from tests.kernels.kernel_testing import TOLERANCE, decode_meta, decode_reference, paged_kv, rel_err
+from tests.kernels.kernel_testing import (
+    TOLERANCE,
+    decode_meta,
+    decode_reference,
+    paged_kv,
+    prefill_meta,
+    prefill_reference,
+    rel_err,
+)
 
 
 def test_the_kernels_build_here_and_are_used_for_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,6 +72,44 @@ def test_decode_gives_a_sequence_the_same_bits_whatever_batch_it_is_in(
         meta = AttentionMeta(kv.block_tables[i : i + 1], torch.tensor(ctx_lens[i : i + 1]))
         paged_attention_decode(one, q[i : i + 1], kv.k, kv.v, meta, scale=0.3, sliding_window=window)
         assert torch.equal(one[0], out[i])
+
+
+def test_a_prefill_group_as_one_row_per_query() -> None:
+    """`AttentionMeta.per_query` on its docstring's example: contexts of 6 and 3, the last 2 and 3 new."""
+    meta = AttentionMeta(
+        torch.tensor([[7, 2], [5, 0]]), torch.tensor([6, 3]), query_start_loc=torch.tensor([0, 2, 5])
+    )
+    rows, lens = meta.per_query
+    assert rows.tolist() == [0, 0, 1, 1, 1] and lens.tolist() == [5, 6, 1, 2, 3]
+
+
+# A long prompt alone (its rows, one key longer each, shared out between the threads), beside a one-token
+# chunk over a long prefix and a chunk over a short one; with and without a window.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("head_dim", "window"), [(64, None), (128, None), (80, None), (64, 37)])
+def test_native_prefill_matches_the_reference_and_decode_bit_for_bit(
+    head_dim: int, window: int | None, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each query's row is the decode kernel's row for that position: a request prefilled again after the
+    tokens it streamed (a resumed request) attends exactly as its decode steps did."""
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    gen = torch.Generator().manual_seed(head_dim)
+    q_lens, prefixes = [300, 1, 77], [0, 150, 33]
+    ctx = [n + p for n, p in zip(q_lens, prefixes, strict=True)]
+    kv = paged_kv(ctx, 16, 2, head_dim, dtype, gen)
+    q = torch.randn(sum(q_lens), 6, head_dim, generator=gen).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    scale = head_dim**-0.5
+    meta = prefill_meta(kv, q_lens, ctx)
+    paged_attention_prefill(out, q, kv.k, kv.v, meta, scale=scale, sliding_window=window)
+    ref = prefill_reference(q, kv, q_lens, ctx, scale, window)
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+    for b, row in ((0, 0), (0, 299), (1, 300), (2, 377)):  # sequence, query row
+        seen = row - sum(q_lens[:b]) + prefixes[b] + 1  # the query's position + 1
+        one = torch.empty_like(q[:1])
+        meta = AttentionMeta(kv.block_tables[b : b + 1], torch.tensor([seen]))
+        paged_attention_decode(one, q[row : row + 1], kv.k, kv.v, meta, scale=scale, sliding_window=window)
+        assert torch.equal(one[0], out[row])
 
 
 def test_decode_into_a_strided_output_from_a_strided_query(monkeypatch: pytest.MonkeyPatch) -> None:
