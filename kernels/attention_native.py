@@ -7,9 +7,22 @@ whatever the storage dtype."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kernels.attention_meta import AttentionMeta
+
+
+def _attend(op: Callable[..., None], out: torch.Tensor, q: torch.Tensor, *inputs: object) -> None:
+    """`op(out, q, *inputs)` on a contiguous output (copied into `out` after if it is not) and on q's rows
+    in place when each row's heads are contiguous (slices of the fused qkv rows)."""
+    if q.shape[0] == 0:
+        return
+    target = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+    op(target, q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous(), *inputs)
+    if target is not out:
+        out.copy_(target)
 
 
 def paged_attention_decode_native(
@@ -22,21 +35,18 @@ def paged_attention_decode_native(
     scale: float,
     sliding_window: int | None = None,
 ) -> None:
-    if q.shape[0] == 0:
-        return
-    target = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    torch.ops.loragate_cpu.paged_decode(
-        target,
-        q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous(),
+    tables, lens = meta.block_tables.contiguous(), meta.context_lens.contiguous()
+    _attend(
+        torch.ops.loragate_cpu.paged_decode,
+        out,
+        q,
         k_cache.contiguous(),
         v_cache.contiguous(),
-        meta.block_tables.contiguous(),
-        meta.context_lens.contiguous(),
+        tables,
+        lens,
         scale,
         sliding_window or 0,
     )
-    if target is not out:
-        out.copy_(target)
 
 
 def paged_attention_prefill_native(
@@ -54,10 +64,10 @@ def paged_attention_prefill_native(
     if q.shape[0] == 0:
         return
     rows, lens = meta.per_query
-    target = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    torch.ops.loragate_cpu.paged_prefill(
-        target,
-        q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous(),
+    _attend(
+        torch.ops.loragate_cpu.paged_prefill,
+        out,
+        q,
         k_cache.contiguous(),
         v_cache.contiguous(),
         meta.block_tables.contiguous(),
@@ -66,8 +76,6 @@ def paged_attention_prefill_native(
         scale,
         sliding_window or 0,
     )
-    if target is not out:
-        out.copy_(target)
 
 
 def write_kv_native(
