@@ -5,7 +5,8 @@ KV cache layout: `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, f
 slot is `block_id * block_size + offset`. The backend follows the tensors' device (see `kernels.backend`):
 the Triton kernels of `kernels.attention_decode_triton` and `kernels.attention_prefill_triton` on CUDA; on
 a CPU the native kernel (`kernels.attention_native`: decode, and prefill as one decode row per new token)
-where it builds, and `kernels.attention_torch` for the rest. The KV write is one `index_copy_` per tensor, or one native call on a CPU.
+where it builds, and `kernels.attention_torch` for the rest. The KV write is one `index_copy_` per tensor,
+or one native call on a CPU.
 
 Sliding-window attention (Mistral, windowed Qwen2 layers) is the same causal attention with the keys
 more than `sliding_window - 1` positions behind the query masked out: the query at position `p` sees keys
