@@ -46,17 +46,29 @@ def small_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return raw.view(dtype).view(shape)
 
 
-def huge_share(t: torch.Tensor) -> float:
-    """The share of `t`'s mapping backed by huge pages (`AnonHugePages` of its `smaps` entry)."""
+def smaps_entry(t: torch.Tensor) -> tuple[int, dict[str, str]]:
+    """The size of the mapping holding `t`'s first byte and its `/proc/self/smaps` fields (name -> value);
+    LookupError if no mapping holds it."""
     addr, lines = t.data_ptr(), Path("/proc/self/smaps").read_text().splitlines()
     for i, line in enumerate(lines):
         head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
             lo, hi = (int(x, 16) for x in head.split("-"))
             if lo <= addr < hi:
-                field = next(x for x in lines[i + 1 :] if x.startswith("AnonHugePages:"))
-                return int(field.split()[1]) * 1024 / (hi - lo)
-    return 0.0
+                fields: dict[str, str] = {}
+                for row in lines[i + 1 :]:
+                    name, _, value = row.partition(":")
+                    if not name or " " in name or "-" in name.split()[0]:
+                        break  # the next mapping's header
+                    fields[name] = value.strip()
+                return hi - lo, fields
+    raise LookupError(f"no mapping holds {addr:#x}")
+
+
+def huge_share(t: torch.Tensor) -> float:
+    """The share of `t`'s mapping backed by huge pages (`AnonHugePages` of its `smaps` entry)."""
+    size, fields = smaps_entry(t)
+    return int(fields.get("AnonHugePages", "0 kB").split()[0]) * 1024 / size
 
 
 def main(argv: Sequence[str] | None = None) -> int:

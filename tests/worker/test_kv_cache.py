@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import worker.kv_cache as kv_cache
+from loadtest.bench_decode_pool import smaps_entry
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
 from worker.kv_cache import KVCache, bytes_per_block, kv_budget
@@ -141,15 +142,7 @@ def test_a_cpu_pool_starts_on_a_huge_page_and_asks_for_huge_pages(zoo_tiny: Path
     cfg = load_model_config(zoo_tiny)
 
     def flags(t: torch.Tensor) -> list[str]:
-        addr, lines = t.data_ptr(), Path("/proc/self/smaps").read_text().splitlines()
-        for i, line in enumerate(lines):
-            head = line.split()[0]
-            if "-" in head and all(c in "0123456789abcdef-" for c in head):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                if lo <= addr < hi:
-                    vm = next(x for x in lines[i + 1 :] if x.startswith("VmFlags:"))
-                    return vm.split()[1:]
-        raise AssertionError("the pool's mapping is not in /proc/self/smaps")
+        return smaps_entry(t)[1]["VmFlags"].split()
 
     big = KVCache(cfg, (64 * 2**20) // bytes_per_block(cfg, 16, torch.float32), 16, torch.float32, "cpu")
     small = KVCache(cfg, 4, 16, torch.float32, "cpu")
