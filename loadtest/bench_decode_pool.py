@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 from kernels import AttentionMeta, native, paged_attention_decode
+from loadtest.host import host
 from worker.kv_cache import HUGE_PAGE, _madvise, _zeros
 
 MADV_NOHUGEPAGE = 15  # <linux/mman.h>
@@ -135,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **{f"{name}_huge_share": round(huge_share(pools[name][0]), 3) for name in pools},
         "huge_page_bytes": HUGE_PAGE,
         "rounds": args.rounds,
+        "host": host(),
     }
     print(json.dumps(report))
     return 0

@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from kernels.triton_variants import compiled_keys, total_variants
 from loadtest.bench_models import bench_model, run_header
+from loadtest.host import host
 from loadtest.workload import capped, make_workload
 from loragate.types import Request, RequestOutput
 from worker.config import EngineConfig
@@ -339,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "graphs_captured": graphs.graphs if graphs else 0,
         "graph_capture_s": round(graphs.seconds, 2) if graphs else None,
         "graph_steps": graph_steps,
+        "host": host(),
     }
     print(json.dumps(result))
     return 0

@@ -65,6 +65,7 @@ from tqdm import tqdm
 
 from loadtest.bench_engine import run_loragate
 from loadtest.bench_models import BenchModel, bench_model, run_header
+from loadtest.host import host
 from loadtest.procs import BenchError, CPUMeter, ms, pct, raise_fd_limit
 from loadtest.serve_clients import StreamStats, run_clients, summarize, ttft_waves
 from loadtest.serve_stack import API_KEY, ServeStack
@@ -286,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
         "concurrency": per_level,
+        "host": host(),
     }
     print(json.dumps(result))
     return 0

@@ -50,6 +50,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from loadtest.host import host
 from loragate.proc import exit_on_stop_signal, spawn
 
 ENGINES = ("vllm", "loragate")
@@ -306,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs[engine, mode].append(result)
             print(f"{name}: {result['tok_s']:.1f} tok/s", file=sys.stderr)
     preload = [Path(p).name for p in env.get("LD_PRELOAD", "").split(":") if p]
-    print(json.dumps({**summary(jobs, runs), "vllm_preload": preload}))
+    print(json.dumps({**summary(jobs, runs), "vllm_preload": preload, "host": host()}))
     return 0
 
 

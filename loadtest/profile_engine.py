@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 import worker.model as model_module
 from loadtest.bench_models import bench_model
+from loadtest.host import host
 from loadtest.workload import capped, make_workload
 from loragate.types import Request
 from worker.config import EngineConfig
@@ -186,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "adapters": 0 if args.base else len(adapters),
         "requests": len(requests),
         "cuda_graphs": engine.graphs is not None,
+        "host": host(),
     }
     if args.kineto:
         busy = busy_profile(engine, requests, is_cuda(device))
@@ -207,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "steps": after.steps - before.steps,
         "graph_steps": after.graph_steps - before.graph_steps,
         "preemptions": after.preemptions - before.preemptions,
-        "seconds": {c: round(s, 3) for c, s in seconds.items()},
+        # to the microsecond: a quick run's smallest category (a few steps' KV writes) is under a millisecond
+        "seconds": {c: round(s, 6) for c, s in seconds.items()},
         "share": {c: round(s / wall, 3) for c, s in seconds.items()},
         "calls": {c: timers.calls[c] for c in (*CATEGORIES, "forward")},
     }

@@ -18,6 +18,7 @@ def test_a_quick_run_reports_both_pools_and_their_pages(capsys: pytest.CaptureFi
     for pool in ("huge_pages", "small_pages"):
         assert report[f"{pool}_ms"] > 0 and report[f"{pool}_gb_s"] > 0
     assert report["speedup"] == pytest.approx(report["small_pages_ms"] / report["huge_pages_ms"], rel=0.02)
+    assert report["host"]["cpus"] >= 1 and report["host"]["bf16_units"] in ("amx", "avx512_bf16", "none")
     assert report["small_pages_huge_share"] == 0.0  # MADV_NOHUGEPAGE holds whatever the host's setting
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if thp.exists() and "[never]" not in thp.read_text():
