@@ -17,7 +17,8 @@ import torch
 
 from kernels import LoRABatchMeta, LoRAGroup, sgmv_expand, sgmv_group, sgmv_shrink
 from kernels.backend import BACKEND_ENV
-from kernels.sgmv_native import bf16_pairs_ready, rank_pairs, slot_pairs
+from kernels.lora_meta import LoRAProjection
+from kernels.sgmv_native import amx_ready, bf16_pairs_ready, rank_pairs, slot_pairs
 from tests.kernels.group_testing import LAYER, group_case, reference, untouched
 from tests.kernels.kernel_testing import POPULARITIES, TOLERANCE, rel_err
 
@@ -150,6 +151,16 @@ def _with_pairs(group: LoRAGroup, factor: float = 1.0) -> LoRAGroup:
     return LoRAGroup(tuple(projections), group.meta)
 
 
+def _pairs_factor(p: LoRAProjection) -> torch.Tensor:
+    """2 for each slot whose B the native bf16 kernel reads in rank pairs, else 1, shaped to scale `p.b`
+    `[L, S, ...]` (the tests' rows and widths fit both paths): on AVX512-BF16 every slot; with AMX only the
+    ranks its tiles take (at most 16, or whole 32s: `sgmv_amx.h` `fits`), the others run on the AVX blocks
+    from B itself."""
+    tiled = [not amx_ready() or r <= 16 or r % 32 == 0 for r in p.ranks.tolist()]
+    factor = torch.tensor([2.0 if t else 1.0 for t in tiled], dtype=p.b.dtype)
+    return factor.view(1, -1, *([1] * (p.b.dim() - 2)))
+
+
 PAIRS_SKIP = "this CPU has neither AMX nor AVX512-BF16 (the bf16 paths that read rank pairs)"
 
 
@@ -161,7 +172,8 @@ def _check_pairs_path(slots: list[int], x: torch.Tensor, y0: torch.Tensor, group
     assert rel_err(y, reference(slots, x, y0, group)) < TOLERANCE[torch.bfloat16]
     keep = untouched(slots, y0, group)
     assert torch.equal(y[keep], y0[keep])
-    doubled = LoRAGroup(tuple(replace(p, b=p.b * 2) for p in group.projections), group.meta)
+    # 2 * B where the kernel reads the pairs; B itself where it reads B (AMX: ranks it does not tile)
+    doubled = LoRAGroup(tuple(replace(p, b=p.b * _pairs_factor(p)) for p in group.projections), group.meta)
     y = y0.clone()
     sgmv_group(y, x, _with_pairs(group, 2.0), layer=LAYER)
     assert rel_err(y, reference(slots, x, y0, doubled)) < TOLERANCE[torch.bfloat16]
