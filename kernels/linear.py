@@ -30,9 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import BACKEND_ENV, BACKENDS, backend_choice
+from kernels.linear_amx import AMXWeight, amx_linear_ready, linear_amx, pack_amx
 
 BF16_LINEAR_ENV = "LORAGATE_CPU_BF16_LINEAR"
-BF16_LINEAR_MODES = ("auto", "widen", "native")
+LinearWeight = torch.Tensor | AMXWeight  # what `pack_linear_weight` gives
+BF16_LINEAR_MODES = ("auto", "widen", "native", "amx")
 
 
 def bf16_units() -> bool:
@@ -62,6 +64,17 @@ def _onednn_here(weight: torch.Tensor) -> bool:
     return bool(torch.backends.mkldnn.is_available())
 
 
+def uses_amx(weight: torch.Tensor) -> bool:
+    """True when `pack_linear_weight` packs the bfloat16 `weight` for the native AMX kernel
+    (`kernels.linear_amx`): mode `auto` or `amx`, on a CPU where AMX runs."""
+    mode = os.environ.get(BF16_LINEAR_ENV, "auto")
+    if mode not in BF16_LINEAR_MODES:
+        raise ValueError(f"{BF16_LINEAR_ENV}={mode!r}; expected one of {BF16_LINEAR_MODES}")
+    if weight.dtype != torch.bfloat16 or mode not in ("auto", "amx") or not _onednn_here(weight):
+        return False
+    return amx_linear_ready()
+
+
 def onednn_packs(weight: torch.Tensor) -> bool:
     """True when `pack_linear_weight` would pack `weight`, as it is or widened (see the module docstring)."""
     if not _onednn_here(weight):
@@ -71,7 +84,7 @@ def onednn_packs(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+def pack_linear_weight(weight: LinearWeight) -> LinearWeight:
     """The weight in the layout `linear` runs fastest on this device (a new tensor), or `weight` itself.
 
     Semantics: `linear(x, pack_linear_weight(w), b) == F.linear(x, w, b)` up to float rounding; a weight
@@ -81,18 +94,23 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
         weight: the layer's weight, as `nn.Linear` holds it.
             Shape: [out_features, in_features]
     """
-    if is_packed(weight) or not onednn_packs(weight):
+    if isinstance(weight, AMXWeight) or is_packed(weight):
+        return weight
+    if uses_amx(weight):
+        return pack_amx(weight)
+    if not onednn_packs(weight):
         return weight
     if widens(weight):
         weight = weight.float()
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
 
 
-def is_packed(weight: torch.Tensor) -> bool:
-    return weight.layout == torch._mkldnn  # type: ignore[attr-defined]
+def is_packed(weight: LinearWeight) -> bool:
+    """Whether `weight` is in oneDNN's blocked layout."""
+    return isinstance(weight, torch.Tensor) and weight.layout == torch._mkldnn  # type: ignore[attr-defined]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`y = x Wᵀ + b` (a new tensor).
 
     Semantics: `F.linear`, on a weight from `pack_linear_weight` (packed or not).
@@ -105,6 +123,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         bias: the bias, or None.
             Shape: [out_features]
     """
+    if isinstance(weight, AMXWeight):
+        return linear_amx(x, weight, bias)
     if not is_packed(weight):
         return F.linear(x, weight, bias)
     if weight.dtype == torch.float32 and x.dtype == torch.bfloat16:  # widened: fp32 math, one rounding

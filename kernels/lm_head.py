@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from kernels.backend import use_native
 from kernels.glue import argmax_rows
 from kernels.linear import linear, pack_linear_weight, widens
+from kernels.linear_amx import AMXWeight
 
 PANEL = 48  # columns a panel (the kernel's tile width)
 
@@ -45,7 +46,7 @@ class PackedLMHead:
         return self.panels.numel() * self.panels.element_size()
 
 
-LMHead = PackedLMHead | torch.Tensor
+LMHead = PackedLMHead | torch.Tensor | AMXWeight
 
 
 def pack_lm_head(weight: LMHead) -> LMHead:
@@ -56,7 +57,7 @@ def pack_lm_head(weight: LMHead) -> LMHead:
         weight: the LM head (or the tied embedding table).
             Shape: [vocab, hidden]
     """
-    if isinstance(weight, PackedLMHead):
+    if isinstance(weight, PackedLMHead | AMXWeight):
         return weight
     usable = weight.dtype == torch.float32 or widens(weight)
     if not (usable and weight.dim() == 2 and use_native(weight)):  # use_native: built here, backend allows

@@ -42,6 +42,7 @@ SOURCES = tuple(
         "sgmv_group_cpu.cpp",
         "glue_cpu.cpp",
         "lm_head_cpu.cpp",
+        "linear_amx.cpp",
     )
 )
 HEADERS = tuple(sorted(_CSRC.glob("*.h")))

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kernels.linear import LinearWeight
 from kernels.lm_head import LMHead
 from worker.config import ModelConfig, ModelLoadError
 from worker.models import family_named
@@ -23,14 +24,14 @@ from worker.models import family_named
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: LinearWeight  # a tensor as loaded; `worker.model.pack_weights` packs it
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: LinearWeight  # a tensor as loaded; `worker.model.pack_weights` packs it
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
+    gate_up: LinearWeight  # a tensor as loaded; `worker.model.pack_weights` packs it
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
+    down: LinearWeight  # a tensor as loaded; `worker.model.pack_weights` packs it
     down_bias: torch.Tensor | None
 
 

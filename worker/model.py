@@ -35,7 +35,7 @@ from kernels import (
     silu_mul,
     write_kv,
 )
-from kernels.linear import BF16_LINEAR_ENV
+from kernels.linear import BF16_LINEAR_ENV, LinearWeight
 from worker.adapter_cache import LoRAStack
 from worker.batch import ForwardBatch
 from worker.config import ModelConfig
@@ -61,16 +61,16 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
     its own packed copy: the embedding table stays plain for lookups)."""
     widened = 0  # bytes of bf16 weights packed as fp32
 
-    def pack(w: torch.Tensor) -> torch.Tensor:
+    def pack(w: LinearWeight) -> LinearWeight:
         nonlocal widened
         packed = pack_linear_weight(w)
         if packed.dtype != w.dtype:
-            widened += packed.numel() * packed.element_size()
+            widened += 4 * w.shape[0] * w.shape[1]
         return packed
 
     head = pack_lm_head(weights.lm_head)
     if head.dtype != weights.lm_head.dtype:
-        widened += head.nbytes if isinstance(head, PackedLMHead) else head.numel() * head.element_size()
+        widened += head.nbytes if isinstance(head, PackedLMHead) else 4 * head.shape[0] * head.shape[1]
 
     for i, layer in enumerate(weights.layers):
         weights.layers[i] = replace(

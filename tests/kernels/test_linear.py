@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from kernels import linear, pack_linear_weight
 from kernels.backend import BACKEND_ENV
-from kernels.linear import BF16_LINEAR_ENV, bf16_units, is_packed, onednn_packs, widens
+from kernels.linear import BF16_LINEAR_ENV, bf16_units, is_packed, onednn_packs, uses_amx, widens
+from kernels.linear_amx import AMXWeight, amx_linear_ready
 
 # Relative to the reference's magnitude (|x|·|W| summed): fp32 sums in another order; bf16 rounds the
 # output once (8 bits of mantissa) after an fp32 accumulation.
@@ -34,7 +35,8 @@ def test_packed_linear_matches_float64(
     w = (torch.randn(960, 576, generator=gen) * 0.05).to(dtype)
     b = torch.randn(960, generator=gen).to(dtype) if bias else None
     packed = pack_linear_weight(w)
-    assert is_packed(packed) == onednn_packs(w)
+    assert isinstance(packed, AMXWeight) == uses_amx(w)
+    assert is_packed(packed) == (onednn_packs(w) and not uses_amx(w))
     assert pack_linear_weight(packed) is packed  # packing twice packs once
     if dtype == torch.float32:
         assert is_packed(packed), "every x86 torch wheel has oneDNN: fp32 weights are packed on a CPU"
@@ -81,14 +83,15 @@ def test_an_unknown_backend_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None
         pack_linear_weight(torch.randn(2, 2))
 
 
-@pytest.mark.parametrize("mode", ["widen", "native"])
+@pytest.mark.parametrize("mode", ["widen", "native", "amx"])
 @pytest.mark.parametrize("rows", [1, 48, 130])
 @pytest.mark.parametrize("bias", [False, True])
 def test_bf16_weights_widened_or_native_compute_a_bf16_matmul(
     mode: str, rows: int, bias: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Widened, a bf16 weight is packed as float32 and the result is the bf16 matmul's (fp32 sums, one
-    rounding): within bf16's rounding of the float64 reference and of the oneDNN bf16 matmul's."""
+    rounding): within bf16's rounding of the float64 reference and of the oneDNN bf16 matmul's. So is the
+    AMX kernel's, where AMX runs (elsewhere `amx` packs as `native` does)."""
     monkeypatch.setenv(BACKEND_ENV, "auto")
     monkeypatch.setenv(BF16_LINEAR_ENV, mode)
     gen = torch.Generator().manual_seed(rows * 2 + bias + 100)
@@ -99,6 +102,7 @@ def test_bf16_weights_widened_or_native_compute_a_bf16_matmul(
     assert widens(w) == (mode == "widen")
     if mode == "widen":
         assert is_packed(packed) and packed.dtype == torch.float32
+    assert isinstance(packed, AMXWeight) == (mode == "amx" and amx_linear_ready())
     y = linear(x, packed, b)
     assert y.shape == (rows, 960) and y.dtype == torch.bfloat16
     expect, scale = reference(x, w, b)
@@ -114,8 +118,10 @@ def test_bf16_widening_follows_the_cpu_and_the_setting(monkeypatch: pytest.Monke
     w = torch.randn(32, 16).bfloat16()
     monkeypatch.delenv(BF16_LINEAR_ENV, raising=False)
     assert widens(w) == (not bf16_units())
+    assert uses_amx(w) == amx_linear_ready()
     monkeypatch.setenv(BF16_LINEAR_ENV, "widen")
     assert widens(w) and not widens(w.float()) and not widens(w.half())
+    assert not uses_amx(w)
     monkeypatch.setenv(BACKEND_ENV, "torch")  # the reference path never packs
     assert not widens(w) and pack_linear_weight(w) is w
     monkeypatch.setenv(BACKEND_ENV, "auto")

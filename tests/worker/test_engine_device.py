@@ -22,6 +22,7 @@ import torch
 
 import worker.model
 from kernels.linear import bf16_units, is_packed
+from kernels.linear_amx import AMXWeight, amx_linear_ready
 from kernels.lm_head import PackedLMHead
 from loragate.messages import WorkerState
 from loragate.types import Request, SamplingParams
@@ -56,16 +57,25 @@ def requests(n: int, max_tokens: int = 8, prefix: str = "r", **params: Any) -> l
 
 def state_tensors(engine: LLMEngine) -> dict[str, torch.Tensor]:
     w = engine.runner.w
-    head = w.lm_head.panels if isinstance(w.lm_head, PackedLMHead) else w.lm_head
+    head = w.lm_head.panels if isinstance(w.lm_head, PackedLMHead | AMXWeight) else w.lm_head
     out = {"embed": w.embed, "norm": w.norm, "lm_head": head, "k": engine.kv.k, "v": engine.kv.v}
     out |= {"rope.cos": engine.runner.rope.cos, "rope.sin": engine.runner.rope.sin}
     for i, layer in enumerate(w.layers):
         for name in layer.__slots__:
             t = getattr(layer, name)
             if t is not None:
-                out[f"layers.{i}.{name}"] = t
+                out[f"layers.{i}.{name}"] = t.panels if isinstance(t, AMXWeight) else t
     for module, stack in engine.adapters.stacks.items():
         out |= {f"{module}.{k}": getattr(stack, k) for k in ("a", "b", "ranks", "scale")}
+    return out
+
+
+def weight_objects(engine: LLMEngine) -> dict[str, object]:
+    """The LM head and each layer's linear weights as the runner holds them (packed or not)."""
+    w = engine.runner.w
+    out: dict[str, object] = {"lm_head": w.lm_head}
+    for i, layer in enumerate(w.layers):
+        out |= {f"layers.{i}.{name}": getattr(layer, name) for name in ("qkv", "o", "gate_up", "down")}
     return out
 
 
@@ -142,7 +152,11 @@ def test_16_bit_on_cpu_runs_and_stays_close_to_float32(
     # The LM head is packed for the native kernel (`kernels.lm_head`) wherever its linear would be widened.
     head_packed = isinstance(low.runner.w.lm_head, PackedLMHead)
     assert head_packed == wide
-    packed = {n for n, t in state_tensors(low).items() if is_packed(t) or (n == "lm_head" and head_packed)}
+    # With AMX, bf16 linears and the LM head are packed for the native AMX kernel (`kernels.linear_amx`).
+    amx = {n for n, t in weight_objects(low).items() if isinstance(t, AMXWeight)}
+    assert bool(amx) == (dtype == torch.bfloat16 and amx_linear_ready())
+    tensors = state_tensors(low).items()
+    packed = {n for n, t in tensors if is_packed(t) or (n == "lm_head" and head_packed)} | amx
     if dtype == torch.bfloat16:  # oneDNN packs bf16 weights on x86 (fp16 stays plain)
         assert len(packed) == 4 * len(low.runner.w.layers) + 1  # qkv, o, gate_up, down, LM head
         assert {dtypes[n] for n in packed} == {torch.float32 if wide else dtype}

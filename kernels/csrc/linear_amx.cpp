@@ -1,0 +1,224 @@
+// Dense bf16 linear layers on CPUs with AMX, for the row counts of decode steps: y = bf16(x Wᵀ + b).
+//
+// Why not oneDNN's matmul, which also runs on AMX: at 16-128 rows a layer's matmul is as much a stream of its
+// weights from memory (SmolLM2's 30 layers are 212 MB of bf16, read once a step) as arithmetic, and oneDNN's
+// AMX matmul at those row counts does the two one after the other: over 30 layers' distinct weights it took
+// 21 ms at 128 rows against 10.9 ms with the weights in cache and 12 ms for the weights alone at 16 rows
+// (docs/BENCHMARKS.md). Here the weight is packed once (`kernels.linear_amx.pack`) into panels of 32 output
+// columns, each panel one contiguous run of memory that the thread computing it reads front to back, so the
+// CPU's streaming prefetcher fetches ahead while the tiles multiply, and a panel read once serves every row.
+//
+// Layout: packed[p][kb] holds two tiles of B for output columns p * 32 + h * 16 + c (h = 0, 1; c < 16) and
+// k = kb * 32 + 2 i + e (i < 16, e < 2) at [h * 512 + i * 32 + c * 2 + e] (AMX's pairs of k per column),
+// zero past the weight's N columns and K values. Per block of 32 rows (16 for an odd last block) and panel,
+// four tiles of fp32 sums (2 row tiles x 2 column tiles) run over k in order; the sums plus the bias are
+// rounded to bf16 once. A row's result never depends on the rows around it. The last rows past a multiple of
+// 16 are read from a zero-padded copy (at most 15 rows); a K that is no multiple of 32 takes a padded copy of
+// x. Threads take contiguous ranges of panels.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "sgmv_amx.h"
+
+namespace {
+
+using bf16 = at::BFloat16;
+constexpr int64_t PANEL = 32;      // output columns a panel
+constexpr int64_t KBLOCK = 32;     // k values a tile row
+constexpr int64_t TILE = 16 * 32;  // bf16 values a tile
+constexpr int64_t CHUNK = 256;  // rows of x a pass over the panels (a multiple of 32)
+
+#if LORAGATE_AMX
+
+// Tiles 0-3: sums [16 rows x 16 columns] (row tile r, column tile h at 2 r + h); 4-5: x [16 x 32];
+// 6-7: the weight's pairs [16 x 32]. One shape for every call: configured once per parallel task.
+struct Tiles {
+  Tiles() {
+    struct {
+      uint8_t palette, start_row, reserved[14];
+      uint16_t colsb[16];
+      uint8_t rows[16];
+    } cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    loragate_amx::fence(&cfg);
+    _tile_loadconfig(&cfg);
+  }
+  Tiles(const Tiles&) = delete;
+  Tiles& operator=(const Tiles&) = delete;
+  ~Tiles() { _tile_release(); }
+};
+
+inline __m512 bias_at(const float* bias, int64_t col, int64_t n) {
+  if (bias == nullptr) return _mm512_setzero_ps();
+  const __mmask16 m = col >= n ? 0 : col + 16 <= n ? 0xFFFF : static_cast<__mmask16>((1u << (n - col)) - 1);
+  return _mm512_maskz_loadu_ps(m, bias + col);
+}
+
+// y[r][col .. col + 32) = bf16(sums + bias) for the first `rows` of a block, columns < n only; the sums of
+// rows 16.. in tiles 2-3.
+inline void store(bf16* y, int64_t ldy, const float (*c)[256], int64_t rows, int64_t col, int64_t n, __m512 b0,
+                  __m512 b1) {
+  const int64_t valid = std::min<int64_t>(PANEL, n - col);
+  const __mmask32 mask = valid >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1ull << valid) - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r / 16 * 2, u = r % 16;
+    const __m512 lo = _mm512_add_ps(_mm512_load_ps(c[t] + u * 16), b0);
+    const __m512 hi = _mm512_add_ps(_mm512_load_ps(c[t + 1] + u * 16), b1);
+    const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
+    _mm512_mask_storeu_epi16(y + r * ldy + col, mask, reinterpret_cast<const __m512i&>(v));
+  }
+}
+
+// A thread's blocks of sums, two buffers: a block's sums are rounded into y while the tiles compute the next
+// block (the rounding is issued after the next block's multiplies and reads the other buffer, so the core
+// runs it while the tiles work).
+class Blocks {
+ public:
+  Blocks(bf16* y, int64_t ldy, int64_t n) : y_(y), ldy_(ldy), n_(n) {}
+  Blocks(const Blocks&) = delete;
+  Blocks& operator=(const Blocks&) = delete;
+
+  // Rows [row, row + rows) (<= 32) of x times one panel (columns col..col + 32): x0 holds the first 16 rows
+  // (stride ldx0 values), x1 the rest (stride ldx1: x itself or its padded tail). `ahead`: per_kb lines of
+  // the next panel to prefetch per k block (or null).
+  void run(int64_t row, int64_t rows, const bf16* x0, int64_t ldx0, const bf16* x1, int64_t ldx1,
+           const bf16* panel, int64_t kblocks, int64_t col, __m512 b0, __m512 b1, const char* ahead,
+           int64_t per_kb) {
+    const bool two = rows > 16;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      const bf16* w = panel + kb * 2 * TILE;
+      if (ahead != nullptr)
+        for (int64_t l = 0; l < per_kb; ++l) _mm_prefetch(ahead + (kb * per_kb + l) * 64, _MM_HINT_T1);
+      LORAGATE_TILE_LOAD(6, w, 64);
+      LORAGATE_TILE_LOAD(7, w + TILE, 64);
+      LORAGATE_TILE_LOAD(4, x0 + kb * KBLOCK, ldx0 * 2);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (two) {
+        LORAGATE_TILE_LOAD(5, x1 + kb * KBLOCK, ldx1 * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    flush();
+    float(*c)[256] = c_[cur_];
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    if (two) {
+      _tile_stored(2, c[2], 64);
+      _tile_stored(3, c[3], 64);
+    }
+    pending_ = {row, rows, col, b0, b1};
+  }
+
+  // Round the block waiting in the current buffer into y (and switch buffers).
+  void flush() {
+    if (pending_.rows == 0) return;
+    store(y_ + pending_.row * ldy_, ldy_, c_[cur_], pending_.rows, pending_.col, n_, pending_.b0, pending_.b1);
+    pending_.rows = 0;
+    cur_ ^= 1;
+  }
+
+ private:
+  struct Pending {
+    int64_t row, rows, col;
+    __m512 b0, b1;
+  };
+  alignas(64) float c_[2][4][256];
+  bf16* y_;
+  int64_t ldy_, n_;
+  Pending pending_{0, 0, 0, _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int cur_ = 0;
+};
+
+#endif  // LORAGATE_AMX
+
+bool usable(const at::Tensor& out, const at::Tensor& x, const at::Tensor& packed) {
+  return out.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kBFloat16 &&
+         packed.scalar_type() == at::kBFloat16 && out.dim() == 2 && x.dim() == 2 && packed.dim() == 3 &&
+         out.stride(1) == 1 && x.stride(1) == 1 && packed.is_contiguous() && packed.size(2) == 2 * TILE &&
+         out.size(0) == x.size(0) && x.size(1) <= packed.size(1) * KBLOCK &&
+         out.size(1) <= packed.size(0) * PANEL;
+}
+
+void linear_amx(at::Tensor& out, const at::Tensor& x_in, const at::Tensor& packed,
+                const std::optional<at::Tensor>& bias_in) {
+  TORCH_CHECK(usable(out, x_in, packed), "linear_amx: bf16 out [M, N], x [M, K] and packed [P, KB, 1024]");
+  TORCH_CHECK(loragate_amx::ready(), "linear_amx: this CPU (or process) cannot run AMX tiles");
+#if LORAGATE_AMX
+  const int64_t m = x_in.size(0), n = out.size(1), kblocks = packed.size(1);
+  const int64_t panels = (n + PANEL - 1) / PANEL;
+  if (m == 0 || n == 0) return;
+  // x as the tiles read it: in place when K fills whole tiles, else a zero-padded copy.
+  at::Tensor x = x_in;
+  if (x_in.size(1) != kblocks * KBLOCK) {
+    x = at::zeros({m, kblocks * KBLOCK}, x_in.options());
+    x.narrow(1, 0, x_in.size(1)).copy_(x_in);
+  }
+  const int64_t full = m / 16 * 16;
+  at::Tensor tail;  // rows full .. m, zero-padded to 16
+  if (full < m) {
+    tail = at::zeros({16, kblocks * KBLOCK}, x.options());
+    tail.narrow(0, 0, m - full).copy_(x.narrow(0, full, m - full));
+  }
+  at::Tensor bias_f;
+  if (bias_in.has_value() && bias_in->defined()) bias_f = bias_in->to(at::kFloat).contiguous();
+  const float* bias = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+  const bf16* xp = x.data_ptr<bf16>();
+  const bf16* tp = tail.defined() ? tail.data_ptr<bf16>() : nullptr;
+  const int64_t ldx = x.stride(0), ldy = out.stride(0), ldt = kblocks * KBLOCK;
+  const bf16* wp = packed.data_ptr<bf16>();
+  bf16* yp = out.data_ptr<bf16>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    Tiles tiles;
+    Blocks blocks(yp, ldy, n);
+    for (int64_t r0 = 0; r0 < m; r0 += CHUNK) {  // x's rows a chunk at a time stay in L2 for every panel
+      const int64_t r1 = std::min(m, r0 + CHUNK), r_full = std::min(r1, full);
+      // The next panel's lines (32 a k block), spread over this panel's blocks of rows.
+      const int64_t nblocks = (r1 - r0 + 31) / 32, per_kb = (32 + nblocks - 1) / nblocks;
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t col = p * PANEL;
+        const bf16* panel = wp + p * kblocks * 2 * TILE;
+        const __m512 b0 = bias_at(bias, col, n), b1 = bias_at(bias, col + 16, n);
+        const char* next = reinterpret_cast<const char*>(panel + kblocks * 2 * TILE);
+        const bool more = p + 1 < end;
+        int64_t blk = 0;
+        auto ahead = [&]() -> const char* { return more ? next + (blk++) * kblocks * per_kb * 64 : nullptr; };
+        int64_t r = r0;
+        for (; r + 32 <= r_full; r += 32)
+          blocks.run(r, 32, xp + r * ldx, ldx, xp + (r + 16) * ldx, ldx, panel, kblocks, col, b0, b1, ahead(),
+                     per_kb);
+        const int64_t left = r1 - r;  // 0 .. 31 rows: a full tile and/or the padded tail
+        if (left == 0) continue;
+        if (r < r_full) {  // one full tile, then the tail (if any) as the second
+          const int64_t rows = r1 > full ? left : 16;
+          blocks.run(r, rows, xp + r * ldx, ldx, r1 > full ? tp : xp, ldt, panel, kblocks, col, b0, b1, ahead(),
+                     per_kb);
+        } else {
+          blocks.run(r, left, tp, ldt, tp, ldt, panel, kblocks, col, b0, b1, ahead(), per_kb);
+        }
+      }
+    }
+    blocks.flush();
+  });
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
+  m.def("linear_amx(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()");
+  m.impl("linear_amx", c10::DispatchKey::CPU, &linear_amx);
+}

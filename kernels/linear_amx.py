@@ -1,0 +1,85 @@
+"""bf16 linear layers on AMX tiles, for decode-sized batches: `y = bf16(x Wᵀ + b)` from a weight packed once
+into panels of 32 output columns (`kernels/csrc/linear_amx.cpp`).
+
+At the row counts of decode steps a layer's matmul is as much a stream of its weight from memory as
+arithmetic. oneDNN's AMX matmul does the two one after the other; the native kernel reads each panel as
+one contiguous run while its tiles multiply the one before, prefetching the next (`python -m
+loadtest.bench_kernels --backend native`, `linear` cases, and docs/BENCHMARKS.md give the figures).
+`kernels.linear` chooses it for bf16 weights where AMX runs (`amx_linear_ready`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PANEL = 32  # output columns a panel
+KBLOCK = 32  # values of k a tile row
+
+
+@dataclass(frozen=True)
+class AMXWeight:
+    """A bf16 weight `[out_features, in_features]` in the native AMX kernel's panels:
+    `panels[p, kb, h * 512 + i * 32 + c * 2 + e] = W[p * 32 + h * 16 + c, kb * 32 + 2 * i + e]`, zero past
+    the weight's rows and columns."""
+
+    panels: torch.Tensor  # [ceil(out / 32), ceil(in / 32), 1024] bf16
+    out_features: int
+    in_features: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.panels.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.panels.device
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.numel() * self.panels.element_size()
+
+
+def amx_linear_ready() -> bool:
+    """Whether the native AMX linear runs here (native kernels built, AMX tiles granted by the OS)."""
+    from kernels.sgmv_native import amx_ready
+
+    return amx_ready()
+
+
+def pack_amx(weight: torch.Tensor) -> AMXWeight:
+    """`weight` `[out, in]` (bf16, any strides) in `AMXWeight`'s panels (a new tensor)."""
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        raise ValueError(f"pack_amx: a 2-D bf16 weight, got {weight.dtype} {tuple(weight.shape)}")
+    n, k = weight.shape
+    np_, kp = -(-n // PANEL) * PANEL, -(-k // KBLOCK) * KBLOCK
+    padded = torch.nn.functional.pad(weight, (0, kp - k, 0, np_ - n))
+    # [p, h, c, kb, i, e] -> [p, kb, h, i, c, e]
+    tiles = padded.reshape(np_ // PANEL, 2, 16, kp // KBLOCK, 16, 2).permute(0, 3, 1, 4, 2, 5)
+    return AMXWeight(tiles.reshape(np_ // PANEL, kp // KBLOCK, 2 * 16 * KBLOCK).contiguous(), n, k)
+
+
+def linear_amx(x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`y = x Wᵀ + b` (a new tensor), rounded to bf16 once.
+
+    Semantics: `F.linear(x, W, b)` for the W packed in `weight`, every output a float32 sum over
+    `in_features` in order (a row's result never depends on the rows beside it).
+
+    Args:
+        x: the input rows, bf16, unit stride along `in_features`.
+            Shape: [num_rows, in_features]
+        weight: from `pack_amx`.
+            Shape: [out_features, in_features]
+        bias: the bias (any float dtype), or None.
+            Shape: [out_features]
+    """
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape[0], weight.out_features, dtype=torch.bfloat16, device=x.device)
+    torch.ops.loragate_cpu.linear_amx(out, x, weight.panels, bias)
+    return out

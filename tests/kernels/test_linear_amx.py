@@ -1,0 +1,97 @@
+"""The native AMX bf16 linear (`kernels.linear_amx`): its packing (pure torch, everywhere) and, where AMX
+runs, its results against a float64 reference on fresh random inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.linear_amx import KBLOCK, PANEL, amx_linear_ready, linear_amx, pack_amx
+
+needs_amx = pytest.mark.skipif(not amx_linear_ready(), reason="no AMX tiles on this CPU (or not granted)")
+
+
+def test_packing_puts_each_weight_where_the_tiles_read_it() -> None:
+    gen = torch.Generator().manual_seed(0)
+    n, k = 70, 45  # neither a multiple of the panel nor of the tile's k
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    packed = pack_amx(w)
+    assert packed.shape == (n, k) and packed.dtype == torch.bfloat16
+    assert packed.panels.shape == (3, 2, 1024) and packed.panels.is_contiguous()
+    flat = packed.panels
+    places = [(0, 0, 0, 0, 0, 0), (1, 1, 1, 6, 3, 0), (2, 0, 0, 15, 5, 1), (0, 1, 1, 2, 15, 1)]
+    for p, kb, h, i, c, e in places:
+        row, col = p * PANEL + h * 16 + c, kb * KBLOCK + 2 * i + e
+        want = w[row, col] if row < n and col < k else torch.tensor(0.0).bfloat16()
+        assert flat[p, kb, h * 512 + i * 32 + c * 2 + e] == want
+    # Every weight once, zeros elsewhere.
+    assert flat.float().abs().sum() == pytest.approx(w.float().abs().sum().item(), rel=1e-6)
+
+
+def test_only_2d_bf16_weights_pack() -> None:
+    with pytest.raises(ValueError, match="bf16"):
+        pack_amx(torch.randn(4, 4))
+    with pytest.raises(ValueError, match="2-D"):
+        pack_amx(torch.randn(2, 4, 4).bfloat16())
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    y = F.linear(x.double(), w.double(), None if b is None else b.double())
+    scale = F.linear(x.double().abs(), w.double().abs()) + (0 if b is None else b.double().abs())
+    return y, scale
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    ("rows", "n", "k"),
+    [
+        (0, 64, 64),
+        (1, 960, 576),
+        (15, 40, 64),
+        (16, 96, 576),
+        (17, 64, 576),
+        (31, 33, 70),
+        (32, 576, 1536),
+        (47, 64, 96),
+        (130, 960, 576),
+        (300, 64, 32),
+        (513, 96, 64),
+    ],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_float64_within_one_bf16_rounding(rows: int, n: int, k: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + n + k + bias)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    w = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    y = linear_amx(x, pack_amx(w), b)
+    assert y.shape == (rows, n) and y.dtype == torch.bfloat16
+    expect, scale = reference(x, w, b)
+    # fp32 sums, one rounding to bf16: half an ulp of the result plus the fp32 sum's own error.
+    assert ((y.double() - expect).abs() <= expect.abs() * 2.0**-8 + 1e-5 * scale + 1e-6).all()
+
+
+@needs_amx
+def test_a_row_does_not_depend_on_the_rows_beside_it() -> None:
+    """Each output sums over k in one order whatever the batch: a row alone, in a tile, in the padded tail
+    or past a pass of rows gives the same bits."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(300, 576, generator=gen).bfloat16()
+    w = pack_amx((torch.randn(200, 576, generator=gen) * 0.05).bfloat16())
+    b = torch.randn(200, generator=gen).bfloat16()
+    full = linear_amx(x, w, b)
+    for lo, hi in [(0, 1), (5, 6), (17, 40), (256, 300), (299, 300), (3, 260)]:
+        assert torch.equal(linear_amx(x[lo:hi], w, b), full[lo:hi])
+
+
+@needs_amx
+def test_strided_rows_and_columns_are_read_as_their_values() -> None:
+    gen = torch.Generator().manual_seed(9)
+    wide = torch.randn(20, 1200, generator=gen).bfloat16()
+    w = (torch.randn(64, 576, generator=gen) * 0.05).bfloat16()
+    packed = pack_amx(w)
+    rows = wide[:, 7:583]  # a row stride of 1200, unaligned start
+    assert torch.equal(linear_amx(rows, packed), linear_amx(rows.contiguous(), packed))
+    cols = wide[:, ::2][:, :576]  # not unit stride along k
+    assert torch.equal(linear_amx(cols, packed), linear_amx(cols.contiguous(), packed))
