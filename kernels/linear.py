@@ -15,7 +15,15 @@ bf16 once. That is what a bf16 matmul computes (bf16 × bf16 products are exact 
 rounded at the end); oneDNN's own bf16 matmul there emulates the bf16 units and runs 2–3.7× slower than
 the fp32 one (`python -m loadtest.bench_kernels --backend native`, `linear` cases; 30 SmolLM2 layers at
 128 rows: 450 ms against 132 ms widened, Ice Lake). The cost is the weights' memory, twice bf16's.
-`LORAGATE_CPU_BF16_LINEAR` chooses: `auto` (widen only without bf16 units), `widen` or `native`.
+
+A bfloat16 weight on a CPU with AMX tiles (Intel Sapphire Rapids and later) goes to the native AMX kernel
+(`kernels.linear_amx`): at decode batch sizes a matmul is as much its weight's stream from memory as
+arithmetic, and that kernel overlaps the two where oneDNN's does one after the other (30 SmolLM2 layers'
+distinct weights at 128 rows: 17-18 ms against oneDNN's 22; docs/BENCHMARKS.md).
+
+`LORAGATE_CPU_BF16_LINEAR` chooses: `auto` (the AMX kernel where AMX runs, else widen without bf16 units,
+else oneDNN's bf16 matmul), `widen`, `native` (oneDNN's bf16 matmul) or `amx` (the AMX kernel where AMX
+runs, else as `native`).
 
 Anywhere else (CUDA, float16, the `torch` backend) the weight stays as it is and `linear` is `F.linear`.
 Which one runs is decided by the weight's layout and dtype, so a packed model and a plain one can

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "sgmv_amx.h"
 
@@ -31,6 +32,7 @@ using bf16 = at::BFloat16;
 constexpr int64_t PANEL = 32;      // output columns a panel
 constexpr int64_t KBLOCK = 32;     // k values a tile row
 constexpr int64_t TILE = 16 * 32;  // bf16 values a tile
+constexpr int64_t STREAM_ROWS = 128;
 constexpr int64_t CHUNK = 256;  // rows of x a pass over the panels (a multiple of 32)
 
 #if LORAGATE_AMX
@@ -80,7 +82,7 @@ inline void store(bf16* y, int64_t ldy, const float (*c)[256], int64_t rows, int
 // runs it while the tiles work).
 class Blocks {
  public:
-  Blocks(bf16* y, int64_t ldy, int64_t n) : y_(y), ldy_(ldy), n_(n) {}
+  Blocks(bf16* y, int64_t ldy, int64_t n, bool stream_x) : y_(y), ldy_(ldy), n_(n), stream_x(stream_x) {}
   Blocks(const Blocks&) = delete;
   Blocks& operator=(const Blocks&) = delete;
 
@@ -103,11 +105,21 @@ class Blocks {
         for (int64_t l = 0; l < per_kb; ++l) _mm_prefetch(ahead + (kb * per_kb + l) * 64, _MM_HINT_T1);
       LORAGATE_TILE_LOAD(6, w, 64);
       LORAGATE_TILE_LOAD(7, w + TILE, 64);
-      LORAGATE_TILE_LOAD(4, x0 + kb * KBLOCK, ldx0 * 2);
+      if (stream_x) {
+        loragate_amx::fence(x0);
+        _tile_stream_loadd(4, x0 + kb * KBLOCK, ldx0 * 2);
+      } else {
+        LORAGATE_TILE_LOAD(4, x0 + kb * KBLOCK, ldx0 * 2);
+      }
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(1, 4, 7);
       if (two) {
-        LORAGATE_TILE_LOAD(5, x1 + kb * KBLOCK, ldx1 * 2);
+        if (stream_x) {
+          loragate_amx::fence(x1);
+          _tile_stream_loadd(5, x1 + kb * KBLOCK, ldx1 * 2);
+        } else {
+          LORAGATE_TILE_LOAD(5, x1 + kb * KBLOCK, ldx1 * 2);
+        }
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
       }
@@ -141,6 +153,7 @@ class Blocks {
   int64_t ldy_, n_;
   Pending pending_{0, 0, 0, _mm512_setzero_ps(), _mm512_setzero_ps()};
   int cur_ = 0;
+  const bool stream_x;
 };
 
 #endif  // LORAGATE_AMX
@@ -161,29 +174,31 @@ void linear_amx(at::Tensor& out, const at::Tensor& x_in, const at::Tensor& packe
   const int64_t m = x_in.size(0), n = out.size(1), kblocks = packed.size(1);
   const int64_t panels = (n + PANEL - 1) / PANEL;
   if (m == 0 || n == 0) return;
-  // x as the tiles read it: in place when K fills whole tiles, else a zero-padded copy.
-  at::Tensor x = x_in;
-  if (x_in.size(1) != kblocks * KBLOCK) {
-    x = at::zeros({m, kblocks * KBLOCK}, x_in.options());
-    x.narrow(1, 0, x_in.size(1)).copy_(x_in);
+  // x as the tiles read it: in place when K fills whole tiles, else a zero-padded copy; and its rows past the
+  // last multiple of 16 zero-padded to 16. Both in buffers of this thread's, kept between calls.
+  thread_local std::vector<bf16> padded, tail;
+  const int64_t k = x_in.size(1), ldt = kblocks * KBLOCK, full = m / 16 * 16;
+  const bf16* xp = x_in.data_ptr<bf16>();
+  int64_t ldx = x_in.stride(0);
+  if (k != ldt) {
+    padded.assign(m * ldt, bf16(0.f));
+    for (int64_t r = 0; r < m; ++r) std::memcpy(padded.data() + r * ldt, xp + r * ldx, k * sizeof(bf16));
+    xp = padded.data(), ldx = ldt;
   }
-  const int64_t full = m / 16 * 16;
-  at::Tensor tail;  // rows full .. m, zero-padded to 16
   if (full < m) {
-    tail = at::zeros({16, kblocks * KBLOCK}, x.options());
-    tail.narrow(0, 0, m - full).copy_(x.narrow(0, full, m - full));
+    tail.assign(16 * ldt, bf16(0.f));
+    for (int64_t r = full; r < m; ++r) std::memcpy(tail.data() + (r - full) * ldt, xp + r * ldx, k * sizeof(bf16));
   }
   at::Tensor bias_f;
   if (bias_in.has_value() && bias_in->defined()) bias_f = bias_in->to(at::kFloat).contiguous();
   const float* bias = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
-  const bf16* xp = x.data_ptr<bf16>();
-  const bf16* tp = tail.defined() ? tail.data_ptr<bf16>() : nullptr;
-  const int64_t ldx = x.stride(0), ldy = out.stride(0), ldt = kblocks * KBLOCK;
+  const bf16* tp = full < m ? tail.data() : nullptr;
+  const int64_t ldy = out.stride(0);
   const bf16* wp = packed.data_ptr<bf16>();
   bf16* yp = out.data_ptr<bf16>();
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     Tiles tiles;
-    Blocks blocks(yp, ldy, n);
+    Blocks blocks(yp, ldy, n, m > STREAM_ROWS);
     for (int64_t r0 = 0; r0 < m; r0 += CHUNK) {  // x's rows a chunk at a time stay in L2 for every panel
       const int64_t r1 = std::min(m, r0 + CHUNK), r_full = std::min(r1, full);
       // The next panel's lines (32 a k block), spread over this panel's blocks of rows.
