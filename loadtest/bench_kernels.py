@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -179,6 +180,38 @@ def linear_case(
         median_ms(lambda: linear(xd, packed), repeats, dev),
         median_ms(lambda: F.linear(x.double(), wide), max(3, repeats // 5)),
         median_ms(lambda: F.linear(xd, wd), repeats, dev),
+        err,
+    )
+
+
+def layers_case(name: str, rows: int, layers: int, repeats: int) -> Timing:
+    """A decode step's dense projections over `layers` layers of distinct bf16 weights (SmolLM2's shapes,
+    212 MB for 30 layers: read from memory as a step reads them, not from cache): `kernels.linear` on its
+    packed weights (the AMX kernel where AMX runs) against oneDNN's packed bf16 matmul (alt) and plain
+    `F.linear` (naive); the error is the first layer's q/k/v against float64."""
+    gen = torch.Generator().manual_seed(rows + layers)
+    shapes = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out): qkv, o, gate_up, down
+    weights = [
+        [(torch.randn(n, k, generator=gen) / k**0.5).bfloat16() for k, n in shapes] for _ in range(layers)
+    ]
+    xs = {k: torch.randn(rows, k, generator=gen).bfloat16() for k in (576, 1536)}
+    ours = [[pack_linear_weight(w) for w in layer] for layer in weights]
+    onednn = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
+
+    def run(fn: Callable[[torch.Tensor, Any], torch.Tensor], packs: list[list[Any]]) -> None:
+        for layer in packs:
+            for w, (k, _) in zip(layer, shapes, strict=True):
+                fn(xs[k], w)
+
+    def onednn_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+    err = rel_err(linear(xs[576], ours[0][0]), F.linear(xs[576].double(), weights[0][0].double()))
+    return Timing(
+        name,
+        median_ms(lambda: run(linear, ours), repeats, CPU),
+        median_ms(lambda: run(F.linear, weights), max(3, repeats // 5), CPU),
+        median_ms(lambda: run(onednn_linear, onednn), repeats, CPU),
         err,
     )
 
@@ -346,6 +379,11 @@ def run_cases(repeats: int, quick: bool, dev: torch.device = CPU) -> list[Timing
         ]
         for name, rows, k, n in dense[: 2 if quick else None]:
             results.append(linear_case(f"{name} {tag}", rows, k, n, dtype, repeats, dev))
+        if dtype == torch.bfloat16 and dev.type == "cpu" and torch.backends.mkldnn.is_available():
+            for rows in (16, 128):
+                results.append(
+                    layers_case(f"linear 30 layers T={rows} (weights from memory) {tag}", rows, 30, repeats)
+                )
         heads = [
             ("lm-head greedy T=128 576->49152", 128, 576, 49152),
             ("lm-head greedy T=128 256->32000", 128, 256, 32000),
