@@ -45,20 +45,26 @@ constexpr int64_t CHUNK = 256;  // rows of x a pass over the panels (a multiple 
 // 6-7: the weight's pairs [16 x 32]. One shape for every call: configured once per parallel task.
 struct Tiles {
   Tiles() {
-    struct {
-      uint8_t palette, start_row, reserved[14];
-      uint16_t colsb[16];
-      uint8_t rows[16];
-    } cfg{};
-    cfg.palette = 1;
-    for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    loragate_amx::fence(&cfg);
-    _tile_loadconfig(&cfg);
+    loragate_amx::TileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.set(t, 16, 64);
+    cfg.load();
   }
   Tiles(const Tiles&) = delete;
   Tiles& operator=(const Tiles&) = delete;
   ~Tiles() { _tile_release(); }
 };
+
+// Tile `tile` (a literal: the intrinsics spell its register) from x's rows at p (stride bytes apart), with the
+// non-temporal hint when `stream`.
+#define LORAGATE_LOAD_X(tile, p, stride, stream) \
+  do {                                           \
+    ::loragate_amx::fence(p);                    \
+    if (stream) {                                \
+      _tile_stream_loadd(tile, p, stride);       \
+    } else {                                     \
+      _tile_loadd(tile, p, stride);              \
+    }                                            \
+  } while (0)
 
 inline __m512 bias_at(const float* bias, int64_t col, int64_t n) {
   if (bias == nullptr) return _mm512_setzero_ps();
@@ -109,21 +115,11 @@ class Blocks {
         for (int64_t l = 0; l < per_kb; ++l) _mm_prefetch(ahead + (kb * per_kb + l) * 64, _MM_HINT_T1);
       LORAGATE_TILE_LOAD(6, w, 64);
       LORAGATE_TILE_LOAD(7, w + TILE, 64);
-      if (stream_x) {
-        loragate_amx::fence(x0);
-        _tile_stream_loadd(4, x0 + kb * KBLOCK, ldx0 * 2);
-      } else {
-        LORAGATE_TILE_LOAD(4, x0 + kb * KBLOCK, ldx0 * 2);
-      }
+      LORAGATE_LOAD_X(4, x0 + kb * KBLOCK, ldx0 * 2, stream_x);
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(1, 4, 7);
       if (two) {
-        if (stream_x) {
-          loragate_amx::fence(x1);
-          _tile_stream_loadd(5, x1 + kb * KBLOCK, ldx1 * 2);
-        } else {
-          LORAGATE_TILE_LOAD(5, x1 + kb * KBLOCK, ldx1 * 2);
-        }
+        LORAGATE_LOAD_X(5, x1 + kb * KBLOCK, ldx1 * 2, stream_x);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
       }

@@ -76,6 +76,23 @@ inline void fence(const void* p) { __asm__ __volatile__("" : : "r"(p) : "memory"
     _tile_loadd(tile, base, stride);           \
   } while (0)
 
+// A tile configuration (palette 1): each tile's rows and bytes a row, loaded with ldtilecfg.
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+
+  void set(int t, int64_t r, int64_t bytes) {
+    rows[t] = static_cast<uint8_t>(r);
+    colsb[t] = static_cast<uint16_t>(bytes);
+  }
+  void load() {
+    fence(this);  // ldtilecfg reads all 64 bytes; GCC's intrinsic declares 8 (see `fence`)
+    _tile_loadconfig(this);
+  }
+};
+static_assert(sizeof(TileConfig) == 64);
+
 // The tile shapes of one (m, rank) pair, loaded when they change. Tiles: 0 shrink sums [rb x m], 1 A rows
 // [rb x 32], 2 xt pairs [16 x m], 3 v [m x k], 4-5 packed B [k / 2 x 16 pairs], 6-7 expand sums [m x 16].
 class Tiles {
@@ -89,20 +106,10 @@ class Tiles {
   void configure(int64_t m, int64_t r) {
     const int64_t rb = r < 16 ? r : 16, k = std::min<int64_t>(v_row(r), 32);
     if (m == m_ && rb == rb_ && k == k_) return;
-    struct {
-      uint8_t palette, start_row, reserved[14];
-      uint16_t colsb[16];
-      uint8_t rows[16];
-    } cfg{};
-    cfg.palette = 1;
-    auto set = [&](int t, int64_t rows, int64_t bytes) {
-      cfg.rows[t] = static_cast<uint8_t>(rows);
-      cfg.colsb[t] = static_cast<uint16_t>(bytes);
-    };
-    set(0, rb, m * 4), set(1, rb, 64), set(2, 16, m * 4), set(3, m, k * 2);
-    set(4, k / 2, 64), set(5, k / 2, 64), set(6, m, 64), set(7, m, 64);
-    fence(&cfg);  // ldtilecfg reads all 64 bytes; GCC's intrinsic declares 8 (see `fence`)
-    _tile_loadconfig(&cfg);
+    TileConfig cfg;
+    cfg.set(0, rb, m * 4), cfg.set(1, rb, 64), cfg.set(2, 16, m * 4), cfg.set(3, m, k * 2);
+    cfg.set(4, k / 2, 64), cfg.set(5, k / 2, 64), cfg.set(6, m, 64), cfg.set(7, m, 64);
+    cfg.load();
     m_ = m, rb_ = rb, k_ = k;
   }
 
