@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import BACKEND_ENV, BACKENDS, backend_choice
-from kernels.linear_amx import AMXWeight, amx_linear_ready, linear_amx, pack_amx
+from kernels.linear_amx import AMXWeight, linear_amx, pack_amx
+from kernels.sgmv_native import amx_ready
 
 BF16_LINEAR_ENV = "LORAGATE_CPU_BF16_LINEAR"
 LinearWeight = torch.Tensor | AMXWeight  # what `pack_linear_weight` gives
@@ -52,11 +53,16 @@ def bf16_units() -> bool:
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
-def widens(weight: torch.Tensor) -> bool:
-    """True when `pack_linear_weight` packs the bfloat16 `weight` as float32 (see the module docstring)."""
+def _bf16_mode() -> str:
     mode = os.environ.get(BF16_LINEAR_ENV, "auto")
     if mode not in BF16_LINEAR_MODES:
         raise ValueError(f"{BF16_LINEAR_ENV}={mode!r}; expected one of {BF16_LINEAR_MODES}")
+    return mode
+
+
+def widens(weight: torch.Tensor) -> bool:
+    """True when `pack_linear_weight` packs the bfloat16 `weight` as float32 (see the module docstring)."""
+    mode = _bf16_mode()
     if weight.dtype != torch.bfloat16 or not _onednn_here(weight):
         return False
     return mode == "widen" or (mode == "auto" and not bf16_units())
@@ -75,12 +81,9 @@ def _onednn_here(weight: torch.Tensor) -> bool:
 def uses_amx(weight: torch.Tensor) -> bool:
     """True when `pack_linear_weight` packs the bfloat16 `weight` for the native AMX kernel
     (`kernels.linear_amx`): mode `auto` or `amx`, on a CPU where AMX runs."""
-    mode = os.environ.get(BF16_LINEAR_ENV, "auto")
-    if mode not in BF16_LINEAR_MODES:
-        raise ValueError(f"{BF16_LINEAR_ENV}={mode!r}; expected one of {BF16_LINEAR_MODES}")
-    if weight.dtype != torch.bfloat16 or mode not in ("auto", "amx") or not _onednn_here(weight):
+    if weight.dtype != torch.bfloat16 or _bf16_mode() not in ("auto", "amx") or not _onednn_here(weight):
         return False
-    return amx_linear_ready()
+    return amx_ready()
 
 
 def onednn_packs(weight: torch.Tensor) -> bool:

@@ -5,7 +5,7 @@ At the row counts of decode steps a layer's matmul is as much a stream of its we
 arithmetic. oneDNN's AMX matmul does the two one after the other; the native kernel reads each panel as
 one contiguous run while its tiles multiply the one before, prefetching the next (`python -m
 loadtest.bench_kernels --backend native`, `linear` cases, and docs/BENCHMARKS.md give the figures).
-`kernels.linear` chooses it for bf16 weights where AMX runs (`amx_linear_ready`).
+`kernels.linear` chooses it for bf16 weights where AMX runs (`kernels.sgmv_native.amx_ready`).
 """
 
 from __future__ import annotations
@@ -33,23 +33,8 @@ class AMXWeight:
         return self.panels.dtype
 
     @property
-    def device(self) -> torch.device:
-        return self.panels.device
-
-    @property
     def shape(self) -> torch.Size:
         return torch.Size((self.out_features, self.in_features))
-
-    @property
-    def nbytes(self) -> int:
-        return self.panels.numel() * self.panels.element_size()
-
-
-def amx_linear_ready() -> bool:
-    """Whether the native AMX linear runs here (native kernels built, AMX tiles granted by the OS)."""
-    from kernels.sgmv_native import amx_ready
-
-    return amx_ready()
 
 
 def pack_amx(weight: torch.Tensor) -> AMXWeight:

@@ -23,15 +23,17 @@ from worker.models import family_named
 
 @dataclass(slots=True)
 class LayerWeights:
+    """One layer's tensors; the four projections as loaded, then packed by `worker.model.pack_weights`."""
+
     input_norm: torch.Tensor
-    qkv: LinearWeight  # a tensor as loaded; `worker.model.pack_weights` packs it
+    qkv: LinearWeight
     qkv_bias: torch.Tensor | None
-    o: LinearWeight  # a tensor as loaded; `worker.model.pack_weights` packs it
+    o: LinearWeight
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: LinearWeight  # a tensor as loaded; `worker.model.pack_weights` packs it
+    gate_up: LinearWeight
     gate_up_bias: torch.Tensor | None
-    down: LinearWeight  # a tensor as loaded; `worker.model.pack_weights` packs it
+    down: LinearWeight
     down_bias: torch.Tensor | None
 
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from kernels import linear, pack_linear_weight
 from kernels.backend import BACKEND_ENV
 from kernels.linear import BF16_LINEAR_ENV, bf16_units, is_packed, onednn_packs, uses_amx, widens
-from kernels.linear_amx import AMXWeight, amx_linear_ready
+from kernels.linear_amx import AMXWeight
+from kernels.sgmv_native import amx_ready
 
 # Relative to the reference's magnitude (|x|·|W| summed): fp32 sums in another order; bf16 rounds the
 # output once (8 bits of mantissa) after an fp32 accumulation.
@@ -102,7 +103,7 @@ def test_bf16_weights_widened_or_native_compute_a_bf16_matmul(
     assert widens(w) == (mode == "widen")
     if mode == "widen":
         assert is_packed(packed) and packed.dtype == torch.float32
-    assert isinstance(packed, AMXWeight) == (mode == "amx" and amx_linear_ready())
+    assert isinstance(packed, AMXWeight) == (mode == "amx" and amx_ready())
     y = linear(x, packed, b)
     assert y.shape == (rows, 960) and y.dtype == torch.bfloat16
     expect, scale = reference(x, w, b)
@@ -118,7 +119,7 @@ def test_bf16_widening_follows_the_cpu_and_the_setting(monkeypatch: pytest.Monke
     w = torch.randn(32, 16).bfloat16()
     monkeypatch.delenv(BF16_LINEAR_ENV, raising=False)
     assert widens(w) == (not bf16_units())
-    assert uses_amx(w) == amx_linear_ready()
+    assert uses_amx(w) == amx_ready()
     monkeypatch.setenv(BF16_LINEAR_ENV, "widen")
     assert widens(w) and not widens(w.float()) and not widens(w.half())
     assert not uses_amx(w)

@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.linear_amx import KBLOCK, PANEL, amx_linear_ready, linear_amx, pack_amx
+from kernels.linear_amx import KBLOCK, PANEL, linear_amx, pack_amx
+from kernels.sgmv_native import amx_ready
 
-needs_amx = pytest.mark.skipif(not amx_linear_ready(), reason="no AMX tiles on this CPU (or not granted)")
+needs_amx = pytest.mark.skipif(not amx_ready(), reason="no AMX tiles on this CPU (or not granted)")
 
 
 def test_packing_puts_each_weight_where_the_tiles_read_it() -> None:

@@ -22,8 +22,9 @@ import torch
 
 import worker.model
 from kernels.linear import bf16_units, is_packed
-from kernels.linear_amx import AMXWeight, amx_linear_ready
+from kernels.linear_amx import AMXWeight
 from kernels.lm_head import PackedLMHead
+from kernels.sgmv_native import amx_ready
 from loragate.messages import WorkerState
 from loragate.types import Request, SamplingParams
 from worker.config import EngineConfig
@@ -154,7 +155,7 @@ def test_16_bit_on_cpu_runs_and_stays_close_to_float32(
     assert head_packed == wide
     # With AMX, bf16 linears and the LM head are packed for the native AMX kernel (`kernels.linear_amx`).
     amx = {n for n, t in weight_objects(low).items() if isinstance(t, AMXWeight)}
-    assert bool(amx) == (dtype == torch.bfloat16 and amx_linear_ready())
+    assert bool(amx) == (dtype == torch.bfloat16 and amx_ready())
     tensors = state_tensors(low).items()
     packed = {n for n, t in tensors if is_packed(t) or (n == "lm_head" and head_packed)} | amx
     if dtype == torch.bfloat16:  # oneDNN packs bf16 weights on x86 (fp16 stays plain)
