@@ -19,7 +19,9 @@ the fp32 one (`python -m loadtest.bench_kernels --backend native`, `linear` case
 A bfloat16 weight on a CPU with AMX tiles (Intel Sapphire Rapids and later) goes to the native AMX kernel
 (`kernels.linear_amx`): at decode batch sizes a matmul is as much its weight's stream from memory as
 arithmetic, and that kernel overlaps the two where oneDNN's does one after the other (30 SmolLM2 layers'
-distinct weights at 128 rows: 17-18 ms against oneDNN's 22; docs/BENCHMARKS.md).
+distinct weights at 128 rows: 17-18 ms against oneDNN's 22; docs/BENCHMARKS.md). A fused gate/up weight
+packed `gated` there also gives `linear_silu_mul`: the MLP's activation computed as each panel's sums are
+rounded, bit for bit `silu_mul(linear(x, w))`, without the `[rows, 2 * inter]` round trip through memory.
 
 `LORAGATE_CPU_BF16_LINEAR` chooses: `auto` (the AMX kernel where AMX runs, else widen without bf16 units,
 else oneDNN's bf16 matmul), `widen`, `native` (oneDNN's bf16 matmul) or `amx` (the AMX kernel where AMX
@@ -38,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import BACKEND_ENV, BACKENDS, backend_choice
-from kernels.linear_amx import AMXWeight, linear_amx, pack_amx
+from kernels.linear_amx import AMXWeight, gates, linear_amx, linear_amx_silu_mul, pack_amx
 from kernels.sgmv_native import amx_ready
 
 BF16_LINEAR_ENV = "LORAGATE_CPU_BF16_LINEAR"
@@ -95,7 +97,7 @@ def onednn_packs(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack_linear_weight(weight: LinearWeight) -> LinearWeight:
+def pack_linear_weight(weight: LinearWeight, gated: bool = False) -> LinearWeight:
     """The weight in the layout `linear` runs fastest on this device (a new tensor), or `weight` itself.
 
     Semantics: `linear(x, pack_linear_weight(w), b) == F.linear(x, w, b)` up to float rounding; a weight
@@ -104,11 +106,13 @@ def pack_linear_weight(weight: LinearWeight) -> LinearWeight:
     Args:
         weight: the layer's weight, as `nn.Linear` holds it.
             Shape: [out_features, in_features]
+        gated: `weight` is a fused gate/up projection `[gate; up]`: packed so that `linear_silu_mul` can
+            run on it where the AMX kernel does (`fuses_silu`).
     """
     if isinstance(weight, AMXWeight) or is_packed(weight):
         return weight
     if uses_amx(weight):
-        return pack_amx(weight)
+        return pack_amx(weight, gated=gated and gates(weight))
     if not onednn_packs(weight):
         return weight
     if widens(weight):
@@ -119,6 +123,29 @@ def pack_linear_weight(weight: LinearWeight) -> LinearWeight:
 def is_packed(weight: LinearWeight) -> bool:
     """Whether `weight` is in oneDNN's blocked layout."""
     return isinstance(weight, torch.Tensor) and weight.layout == torch._mkldnn  # type: ignore[attr-defined]
+
+
+def fuses_silu(weight: LinearWeight) -> bool:
+    """Whether `linear_silu_mul` runs on `weight` (a gate/up weight packed gated for the AMX kernel)."""
+    return isinstance(weight, AMXWeight) and weight.gated
+
+
+def linear_silu_mul(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`silu(g) * u` of `[g, u] = x Wᵀ + b` (a new tensor), on a weight `fuses_silu` accepts.
+
+    Semantics: `kernels.glue.silu_mul(linear(x, weight, bias))`, bit for bit.
+
+    Args:
+        x: the input rows.
+            Shape: [num_rows, in_features]
+        weight: from `pack_linear_weight(w, gated=True)`.
+            Shape: [2 * intermediate, in_features]
+        bias: the bias, or None.
+            Shape: [2 * intermediate]
+    """
+    if not isinstance(weight, AMXWeight):
+        raise ValueError("linear_silu_mul: a weight packed gated for the AMX kernel (fuses_silu)")
+    return linear_amx_silu_mul(x, weight, bias)
 
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,12 +21,15 @@ KBLOCK = 32  # values of k a tile row
 @dataclass(frozen=True)
 class AMXWeight:
     """A bf16 weight `[out_features, in_features]` in the native AMX kernel's panels:
-    `panels[p, kb, h * 512 + i * 32 + c * 2 + e] = W[p * 32 + h * 16 + c, kb * 32 + 2 * i + e]`, zero past
-    the weight's rows and columns."""
+    `panels[p, kb, h * 512 + i * 32 + c * 2 + e] = W[row, kb * 32 + 2 * i + e]`, zero past the weight's rows
+    and columns, where `row = p * 32 + h * 16 + c`; or, `gated` (a fused gate/up projection, each half
+    `out_features / 2` rows), `row = h * out_features / 2 + p * 16 + c`: a panel holds 16 of the gate's
+    columns and the up projection's same 16, so that `linear_amx_silu_mul` can finish each panel alone."""
 
     panels: torch.Tensor  # [ceil(out / 32), ceil(in / 32), 1024] bf16
     out_features: int
     in_features: int
+    gated: bool = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -37,16 +40,33 @@ class AMXWeight:
         return torch.Size((self.out_features, self.in_features))
 
 
-def pack_amx(weight: torch.Tensor) -> AMXWeight:
-    """`weight` `[out, in]` (bf16, any strides) in `AMXWeight`'s panels (a new tensor)."""
+def gates(weight: torch.Tensor) -> bool:
+    """Whether a fused gate/up weight `[2 * inter, in]` can be packed `gated`: each half whole panels' worth
+    of 16 columns."""
+    return weight.dim() == 2 and weight.shape[0] % (2 * 16) == 0
+
+
+def _gated_order(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s rows (dim 0) in a gated weight's order: 16 of the gate's, the up projection's same 16, and on."""
+    n = t.shape[0]
+    return t.reshape(2, n // 32, 16, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def pack_amx(weight: torch.Tensor, gated: bool = False) -> AMXWeight:
+    """`weight` `[out, in]` (bf16, any strides) in `AMXWeight`'s panels (a new tensor); `gated` for a fused
+    gate/up projection (`gates(weight)` must hold)."""
     if weight.dtype != torch.bfloat16 or weight.dim() != 2:
         raise ValueError(f"pack_amx: a 2-D bf16 weight, got {weight.dtype} {tuple(weight.shape)}")
+    if gated:
+        if not gates(weight):
+            raise ValueError(f"pack_amx: a gated weight's rows are a multiple of 32, got {weight.shape[0]}")
+        weight = _gated_order(weight)
     n, k = weight.shape
     np_, kp = -(-n // PANEL) * PANEL, -(-k // KBLOCK) * KBLOCK
     padded = torch.nn.functional.pad(weight, (0, kp - k, 0, np_ - n))
     # [p, h, c, kb, i, e] -> [p, kb, h, i, c, e]
     tiles = padded.reshape(np_ // PANEL, 2, 16, kp // KBLOCK, 16, 2).permute(0, 3, 1, 4, 2, 5)
-    return AMXWeight(tiles.reshape(np_ // PANEL, kp // KBLOCK, 2 * 16 * KBLOCK).contiguous(), n, k)
+    return AMXWeight(tiles.reshape(np_ // PANEL, kp // KBLOCK, 2 * 16 * KBLOCK).contiguous(), n, k, gated)
 
 
 def linear_amx(x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,8 +83,36 @@ def linear_amx(x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor | None = N
         bias: the bias (any float dtype), or None.
             Shape: [out_features]
     """
+    return _run(x, weight, bias, weight.out_features, 1 if weight.gated else 0)
+
+
+def linear_amx_silu_mul(x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`silu(g) * u` of `[g, u] = x Wᵀ + b` (a new tensor), for a weight packed `gated`.
+
+    Semantics: `kernels.glue.silu_mul(linear_amx(x, weight, bias))`, bit for bit: each half rounded to
+    bf16, SiLU's float result rounded, the product rounded; without writing or reading `[g, u]`. The
+    SiLU runs while the tiles compute the next block.
+
+    Args:
+        x: the input rows, bf16, unit stride along `in_features`.
+            Shape: [num_rows, in_features]
+        weight: from `pack_amx(w, gated=True)`.
+            Shape: [2 * intermediate, in_features]
+        bias: the bias (any float dtype), or None.
+            Shape: [2 * intermediate]
+    """
+    if not weight.gated:
+        raise ValueError("linear_amx_silu_mul: a weight packed gated")
+    return _run(x, weight, bias, weight.out_features // 2, 2)
+
+
+def _run(
+    x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor | None, width: int, mode: int
+) -> torch.Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
-    out = torch.empty(x.shape[0], weight.out_features, dtype=torch.bfloat16, device=x.device)
-    torch.ops.loragate_cpu.linear_amx(out, x, weight.panels, bias)
+    if bias is not None and weight.gated:
+        bias = _gated_order(bias)
+    out = torch.empty(x.shape[0], width, dtype=torch.bfloat16, device=x.device)
+    torch.ops.loragate_cpu.linear_amx(out, x, weight.panels, bias, mode)
     return out

@@ -35,12 +35,12 @@ from kernels import (
     silu_mul,
     write_kv,
 )
-from kernels.linear import BF16_LINEAR_ENV, LinearWeight
+from kernels.linear import BF16_LINEAR_ENV, LinearWeight, fuses_silu, linear_silu_mul
 from worker.adapter_cache import LoRAStack
 from worker.batch import ForwardBatch
 from worker.config import ModelConfig
 from worker.kv_cache import KVCache
-from worker.loader import ModelWeights
+from worker.loader import LayerWeights, ModelWeights
 from worker.rope import RotaryEmbedding
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,9 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
     its own packed copy: the embedding table stays plain for lookups)."""
     widened = 0  # bytes of bf16 weights packed as fp32
 
-    def pack(w: LinearWeight) -> LinearWeight:
+    def pack(w: LinearWeight, gated: bool = False) -> LinearWeight:
         nonlocal widened
-        packed = pack_linear_weight(w)
+        packed = pack_linear_weight(w, gated)
         if packed.dtype != w.dtype:
             widened += 4 * w.shape[0] * w.shape[1]
         return packed
@@ -74,7 +74,11 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
 
     for i, layer in enumerate(weights.layers):
         weights.layers[i] = replace(
-            layer, qkv=pack(layer.qkv), o=pack(layer.o), gate_up=pack(layer.gate_up), down=pack(layer.down)
+            layer,
+            qkv=pack(layer.qkv),
+            o=pack(layer.o),
+            gate_up=pack(layer.gate_up, gated=True),
+            down=pack(layer.down),
         )
     weights.lm_head = head
     if widened:
@@ -138,15 +142,22 @@ class ModelRunner:
             o = linear(attn, layer.o, layer.o_bias)
             self._lora(o, attn, groups.get("o"), i)
             h, x = add_rms_norm(h, o, layer.post_norm, eps)
-            gate_up = linear(x, layer.gate_up, layer.gate_up_bias)
-            self._lora(gate_up, x, groups.get("gate_up"), i)
-            act = silu_mul(gate_up)
+            act = self._mlp_act(x, layer, groups.get("gate_up"), i)
             down = linear(act, layer.down, layer.down_bias)
             self._lora(down, act, groups.get("down"), i)
         rows = fb.logits_indices
         last_h = h[rows] if down is None else h[rows] + down[rows]
         _, last = add_rms_norm(last_h, None, self.w.norm, eps)
         return last
+
+    def _mlp_act(self, x: torch.Tensor, layer: LayerWeights, group: LoRAGroup | None, i: int) -> torch.Tensor:
+        """silu(gate) * up: in the gate/up matmul's own pass where no adapter of the step changes them
+        (`kernels.linear.linear_silu_mul`), else after the matmul and its adapters."""
+        if group is None and fuses_silu(layer.gate_up):
+            return linear_silu_mul(x, layer.gate_up, layer.gate_up_bias)
+        gate_up = linear(x, layer.gate_up, layer.gate_up_bias)
+        self._lora(gate_up, x, group, i)
+        return silu_mul(gate_up)
 
     def _attention(self, qkv: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cfg = self.cfg

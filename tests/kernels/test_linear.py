@@ -6,9 +6,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import linear, pack_linear_weight
+from kernels import linear, pack_linear_weight, silu_mul
 from kernels.backend import BACKEND_ENV
-from kernels.linear import BF16_LINEAR_ENV, bf16_units, is_packed, onednn_packs, uses_amx, widens
+from kernels.linear import (
+    BF16_LINEAR_ENV,
+    bf16_units,
+    fuses_silu,
+    is_packed,
+    linear_silu_mul,
+    onednn_packs,
+    uses_amx,
+    widens,
+)
 from kernels.linear_amx import AMXWeight
 from kernels.sgmv_native import amx_ready
 
@@ -129,3 +138,22 @@ def test_bf16_widening_follows_the_cpu_and_the_setting(monkeypatch: pytest.Monke
     monkeypatch.setenv(BF16_LINEAR_ENV, "always")
     with pytest.raises(ValueError, match=BF16_LINEAR_ENV):
         pack_linear_weight(w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gate_up_weight_fuses_its_silu_only_on_the_amx_kernel(dtype: torch.dtype) -> None:
+    """`gated` packs a fused gate/up weight for `linear_silu_mul` where the AMX kernel runs it; elsewhere the
+    weight packs as any other and `linear_silu_mul` refuses it (the caller runs `linear` then `silu_mul`)."""
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(128, 64, generator=gen) * 0.1).to(dtype)
+    x = torch.randn(5, 64, generator=gen).to(dtype)
+    packed = pack_linear_weight(w, gated=True)
+    assert fuses_silu(packed) == uses_amx(w)
+    assert not fuses_silu(pack_linear_weight(w))
+    assert not fuses_silu(pack_linear_weight(w[:112], gated=True))  # halves of 56: no whole panels
+    if fuses_silu(packed):
+        assert torch.equal(linear_silu_mul(x, packed), silu_mul(linear(x, packed)))
+        assert torch.equal(linear(x, packed), linear(x, pack_linear_weight(w)))
+    else:
+        with pytest.raises(ValueError, match="gated"):
+            linear_silu_mul(x, packed)

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.linear_amx import KBLOCK, PANEL, linear_amx, pack_amx
+from kernels.glue import silu_mul
+from kernels.linear_amx import KBLOCK, PANEL, gates, linear_amx, linear_amx_silu_mul, pack_amx
 from kernels.sgmv_native import amx_ready
 
 needs_amx = pytest.mark.skipif(not amx_ready(), reason="no AMX tiles on this CPU (or not granted)")
@@ -28,6 +29,25 @@ def test_packing_puts_each_weight_where_the_tiles_read_it() -> None:
         assert flat[p, kb, h * 512 + i * 32 + c * 2 + e] == want
     # Every weight once, zeros elsewhere.
     assert flat.float().abs().sum() == pytest.approx(w.float().abs().sum().item(), rel=1e-6)
+
+
+def test_a_gated_weight_pairs_each_panel_s_gate_and_up_columns() -> None:
+    """Packed gated, panel p holds the gate's columns 16p..16p+15 (first tile) and the up projection's same
+    16 (second tile)."""
+    gen = torch.Generator().manual_seed(1)
+    inter, k = 48, 40
+    w = torch.randn(2 * inter, k, generator=gen).bfloat16()
+    packed = pack_amx(w, gated=True)
+    assert packed.gated and packed.shape == (2 * inter, k) and packed.panels.shape == (3, 2, 1024)
+    places = [(0, 0, 0, 0, 0, 0), (1, 1, 1, 3, 7, 1), (2, 0, 1, 15, 15, 0), (2, 1, 0, 2, 9, 1)]
+    for p, kb, h, i, c, e in places:
+        row, col = h * inter + p * 16 + c, kb * KBLOCK + 2 * i + e
+        want = w[row, col] if col < k else torch.tensor(0.0).bfloat16()
+        assert packed.panels[p, kb, h * 512 + i * 32 + c * 2 + e] == want
+    assert not pack_amx(w).gated
+    assert gates(w) and not gates(w[:80])
+    with pytest.raises(ValueError, match="multiple of 32"):
+        pack_amx(w[:80], gated=True)
 
 
 def test_only_2d_bf16_weights_pack() -> None:
@@ -96,3 +116,33 @@ def test_strided_rows_and_columns_are_read_as_their_values() -> None:
     assert torch.equal(linear_amx(rows, packed), linear_amx(rows.contiguous(), packed))
     cols = wide[:, ::2][:, :576]  # not unit stride along k
     assert torch.equal(linear_amx(cols, packed), linear_amx(cols.contiguous(), packed))
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 15, 17, 64, 130, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_gated_weight_gives_the_plain_result_and_its_silu_mul_bit_for_bit(rows: int, bias: bool) -> None:
+    """The same matmul in the weight's own column order, and silu(gate) * up computed as each panel is
+    rounded: bit for bit `silu_mul` after the plain linear, decode- and prefill-sized calls alike."""
+    gen = torch.Generator().manual_seed(rows + 100 * bias)
+    inter, k = 1536, 576
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    w = (torch.randn(2 * inter, k, generator=gen) * 0.05).bfloat16()
+    b = torch.randn(2 * inter, generator=gen).bfloat16() if bias else None
+    plain = linear_amx(x, pack_amx(w), b)
+    gated = pack_amx(w, gated=True)
+    assert torch.equal(linear_amx(x, gated, b), plain)
+    act = linear_amx_silu_mul(x, gated, b)
+    assert act.shape == (rows, inter) and act.dtype == torch.bfloat16
+    assert torch.equal(act, silu_mul(plain))
+    # and SiLU against float64, from the rounded halves: within two bf16 roundings
+    g, u = plain.double().split(inter, dim=-1)
+    expect = g * torch.sigmoid(g) * u
+    assert ((act.double() - expect).abs() <= expect.abs() * 2.0**-7 + 1e-6).all()
+
+
+@needs_amx
+def test_silu_mul_wants_a_gated_weight() -> None:
+    w = pack_amx(torch.randn(64, 32).bfloat16())
+    with pytest.raises(ValueError, match="gated"):
+        linear_amx_silu_mul(torch.randn(2, 32).bfloat16(), w)

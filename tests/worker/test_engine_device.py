@@ -156,6 +156,9 @@ def test_16_bit_on_cpu_runs_and_stays_close_to_float32(
     # With AMX, bf16 linears and the LM head are packed for the native AMX kernel (`kernels.linear_amx`).
     amx = {n for n, t in weight_objects(low).items() if isinstance(t, AMXWeight)}
     assert bool(amx) == (dtype == torch.bfloat16 and amx_ready())
+    # ... the MLP's gate/up gated, so that a step whose adapters leave it alone gets SiLU in its matmul.
+    gated = {n for n, t in weight_objects(low).items() if isinstance(t, AMXWeight) and t.gated}
+    assert gated == {n for n in amx if n.endswith(".gate_up")}
     tensors = state_tensors(low).items()
     packed = {n for n, t in tensors if is_packed(t) or (n == "lm_head" and head_packed)} | amx
     if dtype == torch.bfloat16:  # oneDNN packs bf16 weights on x86 (fp16 stays plain)
@@ -189,3 +192,42 @@ def test_16_bit_on_cpu_runs_and_stays_close_to_float32(
     assert (state.device, state.dtype) == ("cpu", str(dtype).removeprefix("torch."))
     assert state.max_running == low.config.max_num_seqs  # the gateway admits this many before queueing
     assert WorkerState.from_json(state.to_json()) == state
+
+
+@pytest.mark.skipif(not amx_ready(), reason="no AMX tiles on this CPU (or not granted)")
+def test_bf16_steps_whose_adapters_leave_the_mlp_alone_take_silu_in_its_matmul(
+    zoo: ZooPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On AMX the MLP's SiLU runs inside the gate/up matmul (`kernels.linear.linear_silu_mul`) in every layer
+    of a step where no adapter changes gate/up (base rows, q/v adapters), and after it where one does; the
+    tokens are the unfused path's either way."""
+    engines = [engine_on(zoo, dtype=torch.bfloat16)]
+    fused = worker.model.linear_silu_mul
+    calls: list[int] = []
+
+    def counting(x: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return fused(x, *args)
+
+    monkeypatch.setattr(worker.model, "linear_silu_mul", counting)
+    layers = len(engines[0].runner.w.layers)
+
+    def run(adapter: str | None, tag: str) -> tuple[list[list[int]], int]:
+        """The tokens of three requests on `adapter`, and how many layers of their steps fused SiLU."""
+        engine = engines[-1]
+        calls.clear()
+        steps = engine.stats.steps
+        batch = [
+            dataclasses.replace(r, request_id=f"{tag}-{r.request_id}", adapter=adapter) for r in requests(3)
+        ]
+        tokens = [c.token_ids for c in engine.generate(batch)]
+        return tokens, len(calls) - layers * (engine.stats.steps - steps)
+
+    (base, base_left), (qv, qv_left) = run(None, "base"), run("qv-r8", "qv")
+    assert calls and base_left == 0 and qv_left == 0  # every layer of every step
+    mlp, _ = run("mlp-r32", "mlp")
+    assert not calls  # gate/up adapted: the plain matmul, its adapter, then silu_mul
+    monkeypatch.setattr(worker.model, "fuses_silu", lambda weight: False)
+    engines.append(engine_on(zoo, dtype=torch.bfloat16))  # no prefix cache from the fused runs
+    assert [run(a, f"{a}-unfused")[0] for a in (None, "qv-r8", "mlp-r32")] == [base, qv, mlp]
+    assert not calls
