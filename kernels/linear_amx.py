@@ -106,6 +106,30 @@ def linear_amx_silu_mul(x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor |
     return _run(x, weight, bias, weight.out_features // 2, 2)
 
 
+def linear_amx_argmax(x: torch.Tensor, weight: AMXWeight) -> torch.Tensor:
+    """Each row's argmax over `x Wᵀ` rounded to bf16, without the products (a greedy LM head).
+
+    Semantics: `kernels.glue.argmax_rows(linear_amx(x, weight))`: the first index of a row's largest value,
+    or of its first NaN.
+
+    Args:
+        x: the input rows, bf16, unit stride along `in_features`.
+            Shape: [num_rows, in_features]
+        weight: from `pack_amx` (not gated).
+            Shape: [out_features, in_features]
+    Returns:
+        int64 column indices.
+            Shape: [num_rows]
+    """
+    if weight.gated:
+        raise ValueError("linear_amx_argmax: a weight packed in its own column order (not gated)")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    torch.ops.loragate_cpu.linear_amx_argmax(out, x, weight.panels, weight.out_features)
+    return out
+
+
 def _run(
     x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor | None, width: int, mode: int
 ) -> torch.Tensor:

@@ -10,6 +10,8 @@ one that `kernels.linear` widens) once, at load, into column panels of Wᵀ (`ke
 oneDNN's matmul plus `argmax_rows`. The sums run over the hidden size in order, so a row's logits never
 depend on the batch around it; they equal `F.linear`'s up to float rounding.
 
+A bfloat16 head on a CPU with AMX is `kernels.linear`'s AMX weight (`kernels.linear_amx`), and
+`lm_head_argmax` takes each row's pick there as the tiles' sums are rounded (`linear_amx_argmax`).
 Anywhere else (CUDA, float16, the `torch` backend, no compiler) the head is `kernels.linear`'s packed
 weight, and both functions are `linear` (then `argmax_rows`).
 """
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from kernels.backend import use_native
 from kernels.glue import argmax_rows
 from kernels.linear import linear, pack_linear_weight, widens
-from kernels.linear_amx import AMXWeight
+from kernels.linear_amx import AMXWeight, linear_amx_argmax
 
 PANEL = 48  # columns a panel (the kernel's tile width)
 
@@ -100,6 +102,8 @@ def lm_head_argmax(x: torch.Tensor, head: LMHead) -> torch.Tensor:
         int64 token ids.
             Shape: [num_rows]
     """
+    if isinstance(head, AMXWeight) and x.dtype == torch.bfloat16:
+        return linear_amx_argmax(x, head)
     if not isinstance(head, PackedLMHead) or x.dtype not in (torch.float32, torch.bfloat16):
         return argmax_rows(lm_head_logits(x, head))
     out = torch.empty(x.shape[0], dtype=torch.int64)

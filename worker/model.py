@@ -36,6 +36,7 @@ from kernels import (
     write_kv,
 )
 from kernels.linear import BF16_LINEAR_ENV, LinearWeight, fuses_silu, linear_silu_mul
+from kernels.linear_amx import AMXWeight
 from worker.adapter_cache import LoRAStack
 from worker.batch import ForwardBatch
 from worker.config import ModelConfig
@@ -117,8 +118,8 @@ class ModelRunner:
 
     @property
     def fuses_greedy(self) -> bool:
-        """Whether `greedy_tokens` skips the logits (the head is packed for the native CPU kernel)."""
-        return isinstance(self.w.lm_head, PackedLMHead)
+        """Whether `greedy_tokens` skips the logits (the head is packed for a native CPU kernel)."""
+        return isinstance(self.w.lm_head, PackedLMHead | AMXWeight)
 
     @torch.inference_mode()
     def greedy_tokens(self, fb: ForwardBatch, lora: LoRAContext | None) -> torch.Tensor:

@@ -31,11 +31,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "linear_amx_out.h"
 #include "sgmv_amx.h"
-#include "vecmath.h"
 
 namespace {
 
@@ -46,6 +48,8 @@ constexpr int64_t TILE = 16 * 32;  // bf16 values a tile
 constexpr int64_t BIG_ROWS = 128;  // above this many rows a call is run as a prefill (see the loop)
 
 #if LORAGATE_AMX
+
+using loragate_amx_out::Out;
 
 // Tiles 0-3: sums [16 rows x 16 columns] (row tile r, column tile h at 2 r + h); 4-5: x [16 x 32];
 // 6-7: the weight's pairs [16 x 32]. One shape for every call: configured once per parallel task.
@@ -78,52 +82,6 @@ inline __m512 bias_at(const float* bias, int64_t col, int64_t n) {
   return _mm512_maskz_loadu_ps(m, bias + col);
 }
 
-// Where a block's sums go (`Out`): as they are; or, for a gated weight (packed column col + h * 16 + c is the
-// gate's column col / 2 + c for h = 0, the up projection's for h = 1), back in the weight's own order
-// (`split`), or as silu(gate) * up (`silu_mul`) with the roundings of `silu_mul` after a plain linear.
-enum class Out : int64_t { plain = 0, split = 1, silu_mul = 2 };
-
-inline __m512 rounded(__m512 v) {  // v rounded to bf16 (to nearest even, as the plain store), back in fp32
-  const __m256bh b = _mm512_cvtneps_pbh(v);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(b)), 16));
-}
-
-inline void store_gated(bf16* y, int64_t ldy, const float (*c)[256], int64_t rows, int64_t col, int64_t half,
-                        __m512 b0, __m512 b1, Out how) {
-  const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = r / 16 * 2, u = r % 16;
-    const __m512 gate = rounded(_mm512_add_ps(_mm512_load_ps(c[t] + u * 16), b0));
-    const __m512 up = rounded(_mm512_add_ps(_mm512_load_ps(c[t + 1] + u * 16), b1));
-    bf16* row = y + r * ldy + col / 2;
-    if (how == Out::split) {
-      const __m256bh g = _mm512_cvtneps_pbh(gate), v = _mm512_cvtneps_pbh(up);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), reinterpret_cast<const __m256i&>(g));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + half), reinterpret_cast<const __m256i&>(v));
-    } else {  // silu_floats' arithmetic on one vector, rounded, times up, rounded (kernels/csrc/glue_cpu.cpp)
-      const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(sign, gate));
-      const __m512 act = rounded(_mm512_div_ps(gate, _mm512_add_ps(one, e)));
-      const __m256bh o = _mm512_cvtneps_pbh(_mm512_mul_ps(act, up));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), reinterpret_cast<const __m256i&>(o));
-    }
-  }
-}
-
-// y[r][col .. col + 32) = bf16(sums + bias) for the first `rows` of a block, columns < n only; the sums of
-// rows 16.. in tiles 2-3.
-inline void store(bf16* y, int64_t ldy, const float (*c)[256], int64_t rows, int64_t col, int64_t n, __m512 b0,
-                  __m512 b1) {
-  const int64_t valid = std::min<int64_t>(PANEL, n - col);
-  const __mmask32 mask = valid >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1ull << valid) - 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = r / 16 * 2, u = r % 16;
-    const __m512 lo = _mm512_add_ps(_mm512_load_ps(c[t] + u * 16), b0);
-    const __m512 hi = _mm512_add_ps(_mm512_load_ps(c[t + 1] + u * 16), b1);
-    const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
-    _mm512_mask_storeu_epi16(y + r * ldy + col, mask, reinterpret_cast<const __m512i&>(v));
-  }
-}
-
 // A thread's blocks of sums, two buffers: a block's sums are rounded into y while the tiles compute the next
 // block (the rounding is issued after the next block's multiplies and reads the other buffer, so the core
 // runs it while the tiles work).
@@ -131,7 +89,9 @@ class Blocks {
  public:
   // `big`: a prefill-sized call, run row block by row block over every panel (`linear_amx`): the panels'
   // tiles are then loaded with the non-temporal hint, so that the row block's x stays in L1.
-  Blocks(bf16* y, int64_t ldy, int64_t n, bool big, Out how) : y_(y), ldy_(ldy), n_(n), how_(how), stream_w(big) {}
+  // `best` / `at`: for `Out::argmax`, each row's best value and its column so far (y is not written).
+  Blocks(bf16* y, int64_t ldy, int64_t n, bool big, Out how, float* best = nullptr, int64_t* at = nullptr)
+      : y_(y), ldy_(ldy), n_(n), how_(how), best_(best), at_(at), stream_w(big) {}
   Blocks(const Blocks&) = delete;
   Blocks& operator=(const Blocks&) = delete;
 
@@ -177,9 +137,12 @@ class Blocks {
   // Round the block waiting in the current buffer into y (and switch buffers).
   void flush() {
     if (pending_.rows == 0) return;
+    using namespace loragate_amx_out;
     bf16* y = y_ + pending_.row * ldy_;
     if (how_ == Out::plain)
       store(y, ldy_, c_[cur_], pending_.rows, pending_.col, n_, pending_.b0, pending_.b1);
+    else if (how_ == Out::argmax)
+      pick(best_ + pending_.row, at_ + pending_.row, c_[cur_], pending_.rows, pending_.col, n_);
     else
       store_gated(y, ldy_, c_[cur_], pending_.rows, pending_.col, n_ / 2, pending_.b0, pending_.b1, how_);
     pending_.rows = 0;
@@ -195,6 +158,8 @@ class Blocks {
   bf16* y_;
   int64_t ldy_, n_;
   Out how_;
+  float* best_;
+  int64_t* at_;
   Pending pending_{0, 0, 0, _mm512_setzero_ps(), _mm512_setzero_ps()};
   int cur_ = 0;
   const bool stream_w;
@@ -202,24 +167,18 @@ class Blocks {
 
 #endif  // LORAGATE_AMX
 
-// `n`: the packed weight's output columns out holds (twice out's for silu_mul: mode 2).
-bool usable(const at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, int64_t mode, int64_t n) {
-  return out.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kBFloat16 &&
-         packed.scalar_type() == at::kBFloat16 && out.dim() == 2 && x.dim() == 2 && packed.dim() == 3 &&
-         out.stride(1) == 1 && x.stride(1) == 1 && packed.is_contiguous() && packed.size(2) == 2 * TILE &&
-         out.size(0) == x.size(0) && x.size(1) <= packed.size(1) * KBLOCK && mode >= 0 && mode <= 2 &&
-         (mode == 0 ? n <= packed.size(0) * PANEL : n == packed.size(0) * PANEL);
+bool usable(const at::Tensor& x, const at::Tensor& packed) {
+  return x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 && x.dim() == 2 &&
+         packed.dim() == 3 && x.stride(1) == 1 && packed.is_contiguous() && packed.size(2) == 2 * TILE &&
+         x.size(1) <= packed.size(1) * KBLOCK;
 }
 
-// mode: 0 out = x Wᵀ + b; for a weight packed gated (`kernels.linear_amx.pack_amx`), 1 the same in the weight's
-// own column order, 2 silu(gate) * up, out half as wide.
-void linear_amx(at::Tensor& out, const at::Tensor& x_in, const at::Tensor& packed,
-                const std::optional<at::Tensor>& bias_in, int64_t mode) {
-  const int64_t n = mode == 2 ? 2 * out.size(1) : out.size(1);
-  TORCH_CHECK(usable(out, x_in, packed, mode, n),
-              "linear_amx: bf16 out [M, N], x [M, K], packed [P, KB, 1024], mode 0-2 (1-2: N fills the panels)");
-  TORCH_CHECK(loragate_amx::ready(), "linear_amx: this CPU (or process) cannot run AMX tiles");
 #if LORAGATE_AMX
+
+// x [m, K] times the packed weight's n output columns, each block's sums handed to `how` (`Blocks`): into
+// yp (row stride ldy), or for `Out::argmax` each row's argmax into at.
+void compute(const at::Tensor& x_in, const at::Tensor& packed, const std::optional<at::Tensor>& bias_in,
+             bf16* yp, int64_t ldy, int64_t n, Out how, int64_t* at) {
   const int64_t m = x_in.size(0), kblocks = packed.size(1);
   const int64_t panels = (n + PANEL - 1) / PANEL;
   if (m == 0 || n == 0) return;
@@ -242,12 +201,23 @@ void linear_amx(at::Tensor& out, const at::Tensor& x_in, const at::Tensor& packe
   if (bias_in.has_value() && bias_in->defined()) bias_f = bias_in->to(at::kFloat).contiguous();
   const float* bias = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   const bf16* tp = full < m ? tail.data() : nullptr;
-  const int64_t ldy = out.stride(0);
   const bf16* wp = packed.data_ptr<bf16>();
-  bf16* yp = out.data_ptr<bf16>();
+  // argmax: each task's best per row over its panels, merged in the panels' order after.
+  struct Part {
+    int64_t begin;
+    std::vector<float> best;
+    std::vector<int64_t> at;
+  };
+  std::vector<Part> parts;
+  std::mutex parts_lock;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    Part part{begin, {}, {}};
+    if (how == Out::argmax) {
+      part.best.assign(m, -std::numeric_limits<float>::infinity());
+      part.at.assign(m, begin * PANEL);
+    }
     Tiles tiles;
-    Blocks blocks(yp, ldy, n, m > BIG_ROWS, static_cast<Out>(mode));
+    Blocks blocks(yp, ldy, n, m > BIG_ROWS, how, part.best.data(), part.at.data());
     // The 16 rows of x from row r (a multiple of 16) and their stride: x's own, or the padded tail's.
     auto tile_rows = [&](int64_t r) { return r < full ? std::pair{xp + r * ldx, ldx} : std::pair{tp, ldt}; };
     auto run = [&](int64_t r, int64_t p, const char* ahead, int64_t per_kb) {
@@ -269,7 +239,47 @@ void linear_amx(at::Tensor& out, const at::Tensor& x_in, const at::Tensor& packe
           run(r, p, p + 1 < end ? next_panel(p) + blk * kblocks * per_kb * 64 : nullptr, per_kb);
     }
     blocks.flush();
+    if (how == Out::argmax) {
+      const std::lock_guard<std::mutex> hold(parts_lock);
+      parts.push_back(std::move(part));
+    }
   });
+  if (how != Out::argmax) return;
+  std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.begin < b.begin; });
+  for (int64_t r = 0; r < m; ++r) {  // the first part's answer unless a later one's is larger, or a NaN
+    float best = parts[0].best[r];
+    at[r] = parts[0].at[r];
+    for (size_t i = 1; i < parts.size() && !std::isnan(best); ++i)
+      if (std::isnan(parts[i].best[r]) || parts[i].best[r] > best) best = parts[i].best[r], at[r] = parts[i].at[r];
+  }
+}
+
+#endif  // LORAGATE_AMX
+
+// mode: 0 out = x Wᵀ + b; for a weight packed gated (`kernels.linear_amx.pack_amx`), 1 the same in the weight's
+// own column order, 2 silu(gate) * up, out half as wide.
+void linear_amx(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                const std::optional<at::Tensor>& bias, int64_t mode) {
+  const int64_t n = mode == 2 ? 2 * out.size(1) : out.size(1);
+  TORCH_CHECK(usable(x, packed) && out.scalar_type() == at::kBFloat16 && out.dim() == 2 && out.stride(1) == 1 &&
+                  out.size(0) == x.size(0) && mode >= 0 && mode <= 2 &&
+                  (mode == 0 ? n <= packed.size(0) * PANEL : n == packed.size(0) * PANEL),
+              "linear_amx: bf16 out [M, N], x [M, K], packed [P, KB, 1024], mode 0-2 (1-2: N fills the panels)");
+  TORCH_CHECK(loragate_amx::ready(), "linear_amx: this CPU (or process) cannot run AMX tiles");
+#if LORAGATE_AMX
+  compute(x, packed, bias, out.data_ptr<bf16>(), out.stride(0), n, static_cast<Out>(mode), nullptr);
+#endif
+}
+
+// out[r] = argmax over the first n columns of bf16(x Wᵀ)[r]: `linear_amx` then `argmax_rows`, without the
+// results (the LM head's greedy pick).
+void linear_amx_argmax(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  TORCH_CHECK(usable(x, packed) && out.scalar_type() == at::kLong && out.dim() == 1 && out.is_contiguous() &&
+                  out.size(0) == x.size(0) && n > 0 && n <= packed.size(0) * PANEL,
+              "linear_amx_argmax: int64 out [M], x [M, K], packed [P, KB, 1024], 0 < n <= 32 P");
+  TORCH_CHECK(loragate_amx::ready(), "linear_amx_argmax: this CPU (or process) cannot run AMX tiles");
+#if LORAGATE_AMX
+  compute(x, packed, std::nullopt, nullptr, 0, n, Out::argmax, out.data_ptr<int64_t>());
 #endif
 }
 
@@ -277,5 +287,7 @@ void linear_amx(at::Tensor& out, const at::Tensor& x_in, const at::Tensor& packe
 
 TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
   m.def("linear_amx(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias, int mode=0) -> ()");
+  m.def("linear_amx_argmax(Tensor(a!) out, Tensor x, Tensor packed, int n) -> ()");
   m.impl("linear_amx", c10::DispatchKey::CPU, &linear_amx);
+  m.impl("linear_amx_argmax", c10::DispatchKey::CPU, &linear_amx_argmax);
 }

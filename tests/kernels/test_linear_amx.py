@@ -7,8 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.glue import silu_mul
-from kernels.linear_amx import KBLOCK, PANEL, gates, linear_amx, linear_amx_silu_mul, pack_amx
+from kernels.glue import argmax_rows, silu_mul
+from kernels.linear_amx import (
+    KBLOCK,
+    PANEL,
+    gates,
+    linear_amx,
+    linear_amx_argmax,
+    linear_amx_silu_mul,
+    pack_amx,
+)
 from kernels.sgmv_native import amx_ready
 
 needs_amx = pytest.mark.skipif(not amx_ready(), reason="no AMX tiles on this CPU (or not granted)")
@@ -146,3 +154,36 @@ def test_silu_mul_wants_a_gated_weight() -> None:
     w = pack_amx(torch.randn(64, 32).bfloat16())
     with pytest.raises(ValueError, match="gated"):
         linear_amx_silu_mul(torch.randn(2, 32).bfloat16(), w)
+
+
+@needs_amx
+@pytest.mark.parametrize(("rows", "n"), [(1, 49152), (17, 32000), (64, 1001), (130, 77), (300, 4096)])
+def test_the_argmax_is_argmax_rows_of_the_rounded_results(rows: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(rows + n)
+    x = torch.randn(rows, 576, generator=gen).bfloat16()
+    w = pack_amx((torch.randn(n, 576, generator=gen) * 0.05).bfloat16())
+    picks = linear_amx_argmax(x, w)
+    assert picks.dtype == torch.int64 and picks.shape == (rows,)
+    assert torch.equal(picks, argmax_rows(linear_amx(x, w)))
+
+
+@needs_amx
+def test_the_argmax_takes_the_first_of_ties_and_a_nan_across_the_threads_panels() -> None:
+    """Columns 40 and 9,000 (another thread's panels on two threads) tie; a later NaN beats both, and a
+    row whose every value rounds equal picks column 0."""
+    n, k = 10_000, 64
+    w = torch.zeros(n, k).bfloat16()
+    w[40, 0] = w[9_000, 0] = 1.0
+    w[9_500, 1] = 2.0**-12  # 1 + 2^-12 with the first: equal to 1 once rounded to bf16
+    w[9_500, 0] = 1.0
+    x = torch.zeros(3, k).bfloat16()
+    x[0, 0] = x[0, 1] = 1.0
+    x[1, 0] = 1.0
+    assert linear_amx_argmax(x, pack_amx(w)).tolist() == [40, 40, 0]
+    w[7_000, 2] = float("nan")
+    x[:, 2] = 1.0
+    picks = linear_amx_argmax(x, pack_amx(w))
+    assert picks.tolist() == [7_000] * 3
+    assert torch.equal(picks, argmax_rows(linear_amx(x, pack_amx(w))))
+    with pytest.raises(ValueError, match="gated"):
+        linear_amx_argmax(x, pack_amx(w[:9_984], gated=True))

@@ -11,7 +11,9 @@ from kernels import PackedLMHead, lm_head_argmax, lm_head_logits, pack_lm_head
 from kernels.backend import BACKEND_ENV
 from kernels.glue import argmax_rows
 from kernels.linear import BF16_LINEAR_ENV, is_packed
+from kernels.linear_amx import AMXWeight
 from kernels.lm_head import PANEL
+from kernels.sgmv_native import amx_ready
 
 # Relative to the sum of absolute products (fp32 sums in another order; bf16 rounds each logit once).
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -97,3 +99,17 @@ def test_no_rows_and_the_torch_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not isinstance(plain, PackedLMHead) and not is_packed(plain)
     exact = F.linear(x.double(), w.double())
     assert torch.equal(lm_head_argmax(x, plain), exact.argmax(dim=-1))
+
+
+@pytest.mark.skipif(not amx_ready(), reason="no AMX tiles on this CPU (or not granted)")
+@pytest.mark.parametrize("rows", [1, 9, 130])
+def test_a_bf16_head_on_amx_picks_in_the_amx_kernel(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    monkeypatch.setenv(BF16_LINEAR_ENV, "auto")  # bf16 linears on the AMX kernel
+    w, x = head_and_rows(32000, 576, rows, torch.bfloat16, seed=rows)
+    head = pack_lm_head(w)
+    assert isinstance(head, AMXWeight)
+    logits = lm_head_logits(x, head)
+    assert torch.equal(lm_head_argmax(x, head), argmax_rows(logits))
+    exact = F.linear(x.double(), w.double())
+    scale = F.linear(x.double().abs(), w.double().abs())
+    assert float(((logits.double() - exact).abs() / scale).max()) < TOLERANCE[torch.bfloat16]

@@ -199,8 +199,9 @@ def test_bf16_steps_whose_adapters_leave_the_mlp_alone_take_silu_in_its_matmul(
     zoo: ZooPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On AMX the MLP's SiLU runs inside the gate/up matmul (`kernels.linear.linear_silu_mul`) in every layer
-    of a step where no adapter changes gate/up (base rows, q/v adapters), and after it where one does; the
-    tokens are the unfused path's either way."""
+    of a step where no adapter changes gate/up (base rows, q/v adapters), and after it where one does, and
+    a greedy step's tokens are picked inside the LM head's matmul; the tokens are those of the unfused path
+    with the logits computed (rows asking for logprobs) either way."""
     engines = [engine_on(zoo, dtype=torch.bfloat16)]
     fused = worker.model.linear_silu_mul
     calls: list[int] = []
@@ -212,22 +213,24 @@ def test_bf16_steps_whose_adapters_leave_the_mlp_alone_take_silu_in_its_matmul(
     monkeypatch.setattr(worker.model, "linear_silu_mul", counting)
     layers = len(engines[0].runner.w.layers)
 
-    def run(adapter: str | None, tag: str) -> tuple[list[list[int]], int]:
+    def run(adapter: str | None, tag: str, **params: Any) -> tuple[list[list[int]], int]:
         """The tokens of three requests on `adapter`, and how many layers of their steps fused SiLU."""
         engine = engines[-1]
         calls.clear()
         steps = engine.stats.steps
         batch = [
-            dataclasses.replace(r, request_id=f"{tag}-{r.request_id}", adapter=adapter) for r in requests(3)
+            dataclasses.replace(r, request_id=f"{tag}-{r.request_id}", adapter=adapter)
+            for r in requests(3, **params)
         ]
         tokens = [c.token_ids for c in engine.generate(batch)]
         return tokens, len(calls) - layers * (engine.stats.steps - steps)
 
     (base, base_left), (qv, qv_left) = run(None, "base"), run("qv-r8", "qv")
     assert calls and base_left == 0 and qv_left == 0  # every layer of every step
+    assert engines[0].stats.fused_greedy_steps == engines[0].stats.steps
     mlp, _ = run("mlp-r32", "mlp")
     assert not calls  # gate/up adapted: the plain matmul, its adapter, then silu_mul
     monkeypatch.setattr(worker.model, "fuses_silu", lambda weight: False)
     engines.append(engine_on(zoo, dtype=torch.bfloat16))  # no prefix cache from the fused runs
-    assert [run(a, f"{a}-unfused")[0] for a in (None, "qv-r8", "mlp-r32")] == [base, qv, mlp]
-    assert not calls
+    assert [run(a, f"{a}-unfused", logprobs=0)[0] for a in (None, "qv-r8", "mlp-r32")] == [base, qv, mlp]
+    assert not calls and engines[1].stats.fused_greedy_steps == 0
