@@ -9,7 +9,8 @@ plus torch's masked SDPA for attention (the kernels' previous CPU path), and pla
 the dense linears (`kernels.linear`: oneDNN on a packed weight with `native`, `F.linear` with `torch`).
 Kernel outputs are checked against the reference before timing. Shapes: hidden 512 (the zoo's `small`)
 and 2048, 64–256 tokens, 16 adapters of ranks 8–64 with Zipf popularity and base-model tokens, 8 query /
-2 KV heads; SmolLM2's projections and LM head for the linears.
+2 KV heads; SmolLM2's projections and LM head for the linears, and its gate/up with SiLU fused into the
+AMX kernel (bf16).
 
     python -m loadtest.bench_kernels [--threads 1] [--repeats 15] [--quick] [--backend torch|native|triton]
         [--device cuda[:N]]
@@ -48,7 +49,8 @@ from kernels import (
     sgmv_shrink,
 )
 from kernels.backend import BACKEND_ENV, triton_interpreting
-from kernels.glue import argmax_rows
+from kernels.glue import argmax_rows, silu_mul
+from kernels.linear import fuses_silu, linear_silu_mul
 from kernels.reference import attention_ref, gather_context, sgmv_expand_ref, sgmv_shrink_ref
 
 RANKS = (8, 16, 32, 64)
@@ -212,6 +214,32 @@ def layers_case(name: str, rows: int, layers: int, repeats: int) -> Timing:
         median_ms(lambda: run(linear, ours), repeats, CPU),
         median_ms(lambda: run(F.linear, weights), max(3, repeats // 5), CPU),
         median_ms(lambda: run(onednn_linear, onednn), repeats, CPU),
+        err,
+    )
+
+
+def mlp_case(name: str, rows: int, layers: int, repeats: int) -> Timing:
+    """A decode step's MLP activations over `layers` layers of distinct bf16 gate/up weights (SmolLM2's
+    576 -> 2 x 1536): `kernels.linear.linear_silu_mul` on the weight packed gated (SiLU in the AMX kernel's
+    epilogue, where AMX runs; elsewhere the fallback below) against the packed linear then `silu_mul`
+    (alt) and `F.linear` then `silu_mul` (naive); the error is the first layer's against float64."""
+    gen = torch.Generator().manual_seed(rows + layers + 1)
+    inter, k = 1536, 576
+    weights = [(torch.randn(2 * inter, k, generator=gen) / k**0.5).bfloat16() for _ in range(layers)]
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    gated = [pack_linear_weight(w, gated=True) for w in weights]
+    plain = [pack_linear_weight(w) for w in weights]
+
+    def fused(w: Any) -> torch.Tensor:
+        return linear_silu_mul(x, w) if fuses_silu(w) else silu_mul(linear(x, w))
+
+    g, u = F.linear(x.double(), weights[0].double()).split(inter, dim=-1)
+    err = rel_err(fused(gated[0]), F.silu(g) * u)
+    return Timing(
+        name,
+        median_ms(lambda: [fused(w) for w in gated], repeats, CPU),
+        median_ms(lambda: [silu_mul(F.linear(x, w)) for w in weights], max(3, repeats // 5), CPU),
+        median_ms(lambda: [silu_mul(linear(x, w)) for w in plain], repeats, CPU),
         err,
     )
 
@@ -384,6 +412,8 @@ def run_cases(repeats: int, quick: bool, dev: torch.device = CPU) -> list[Timing
                 results.append(
                     layers_case(f"linear 30 layers T={rows} (weights from memory) {tag}", rows, 30, repeats)
                 )
+                mlp = f"gate/up+SiLU 30 layers T={rows} (weights from memory) {tag}"
+                results.append(mlp_case(mlp, rows, 30, repeats))
         heads = [
             ("lm-head greedy T=128 576->49152", 128, 576, 49152),
             ("lm-head greedy T=128 256->32000", 128, 256, 32000),
