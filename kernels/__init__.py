@@ -4,7 +4,7 @@ Each entry point takes its tensors (output first, updated in place) and one per-
 (`LoRABatchMeta`, `AttentionMeta`) that every layer shares; per-layer scalars are keyword-only.
 """
 
-from kernels.attention import paged_attention_decode, paged_attention_prefill, write_kv
+from kernels.attention import paged_attention_decode, paged_attention_prefill, rope_write_kv, write_kv
 from kernels.attention_meta import AttentionMeta
 from kernels.glue import add_rms_norm, rope_, silu_mul
 from kernels.linear import linear, pack_linear_weight
@@ -27,6 +27,7 @@ __all__ = [
     "paged_attention_decode",
     "paged_attention_prefill",
     "rope_",
+    "rope_write_kv",
     "sgmv_expand",
     "sgmv_group",
     "sgmv_shrink",

@@ -32,6 +32,7 @@ from kernels.attention_torch import (
     write_kv_torch,
 )
 from kernels.backend import use_native, use_triton
+from kernels.glue import rope_
 
 
 def write_kv(
@@ -53,6 +54,46 @@ def write_kv(
         write_kv_native(k_cache, v_cache, k, v, slot_mapping)
     else:
         write_kv_torch(k_cache, v_cache, k, v, slot_mapping)
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """RoPE on a step's fused qkv rows, then their keys and values stored into the cache.
+
+    Semantics:
+        rope_(qkv, heads + kv_heads, head_dim, cos, sin, positions)   # q and k heads, in place
+        write_kv(k_cache, v_cache, k, v, slot_mapping)   # k, v: the rows' key and value heads
+    The native CPU kernel does both in one pass over the rows (the same bits); elsewhere the two calls.
+
+    Args:
+        qkv: Shape `[T, >= (H + 2 KVH) * D]`. The q, k and v heads of each token, updated in place.
+        heads, kv_heads, head_dim: H, KVH and D.
+        cos, sin: Shape `[max_positions, D]`. The RoPE tables, in qkv's dtype.
+        positions: Shape `[T]`, int64. Each token's position.
+        k_cache, v_cache: Shape `[NB, BS, KVH, D]`. One layer's caches, updated in place.
+        slot_mapping: Shape `[T]`, int64. Flat cache slot of each token.
+    """
+    if use_native(qkv) and qkv.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous():
+        torch.ops.loragate_cpu.rope_write_kv(
+            qkv, k_cache, v_cache, cos, sin, positions.contiguous(), slot_mapping.contiguous(),
+            heads, kv_heads, head_dim,
+        )  # fmt: skip
+        return
+    rope_(qkv, heads + kv_heads, head_dim, cos, sin, positions)
+    t, q_size, kv_size = qkv.shape[0], heads * head_dim, kv_heads * head_dim
+    k = qkv[:, q_size : q_size + kv_size].reshape(t, kv_heads, head_dim)
+    v = qkv[:, q_size + kv_size : q_size + 2 * kv_size].reshape(t, kv_heads, head_dim)
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
 
 
 def paged_attention_decode(

@@ -3,11 +3,12 @@
 Wraps the model runner's parts with wall-clock timers (the CPU path is synchronous; on CUDA each timer
 synchronizes first, which slows the run but keeps the split honest) and runs the workload once:
 
-- `linear`: the base projections (`kernels.linear` in `worker.model`);
+- `linear`: the base projections (`kernels.linear` in `worker.model`; SiLU too where the AMX kernel fuses it);
 - `lm_head`: the LM head, its logits or (greedy steps on a CPU) each row's pick without them;
 - `lora`: every adapter's shrink and expand (`ModelRunner._lora`);
-- `attention_decode`, `attention_prefill`, `write_kv`: the paged-attention kernels and the KV writes;
-- `model_other`: the rest of the forward (embedding, norms, RoPE, activations, residual adds);
+- `attention_decode`, `attention_prefill`: the paged-attention kernels;
+- `rope_write_kv`: RoPE on q and k and the KV writes (one call a layer);
+- `model_other`: the rest of the forward (embedding, norms, activations, residual adds);
 - `step_other`: the step outside the forward (scheduling, batch layout, sampling, detokenizing).
 
     python -m loadtest.profile_engine [--model smollm2] [--requests 48] [--base] [--dtype float32] [--kineto]
@@ -47,7 +48,7 @@ from worker.config import EngineConfig
 from worker.device import SWITCH, add_device_args, add_switch, device_args, dtype_name, is_cuda
 from worker.engine import LLMEngine
 
-CATEGORIES = ("linear", "lm_head", "lora", "attention_decode", "attention_prefill", "write_kv")
+CATEGORIES = ("linear", "lm_head", "lora", "attention_decode", "attention_prefill", "rope_write_kv")
 
 
 class Timers:
@@ -81,8 +82,9 @@ def instrument(engine: LLMEngine, timers: Timers) -> None:
     for name, category in (
         ("paged_attention_decode", "attention_decode"),
         ("paged_attention_prefill", "attention_prefill"),
-        ("write_kv", "write_kv"),
+        ("rope_write_kv", "rope_write_kv"),
         ("linear", "linear"),
+        ("linear_silu_mul", "linear"),
         ("lm_head_logits", "lm_head"),
         ("lm_head_argmax", "lm_head"),
     ):

@@ -30,10 +30,9 @@ from kernels import (
     pack_lm_head,
     paged_attention_decode,
     paged_attention_prefill,
-    rope_,
+    rope_write_kv,
     sgmv_group,
     silu_mul,
-    write_kv,
 )
 from kernels.linear import BF16_LINEAR_ENV, LinearWeight, fuses_silu, linear_silu_mul
 from kernels.linear_amx import AMXWeight
@@ -163,14 +162,13 @@ class ModelRunner:
     def _attention(self, qkv: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         cfg = self.cfg
         t = qkv.shape[0]
-        # RoPE on q and k in place: they are the first `num_heads + num_kv_heads` heads of each row.
-        rope_(qkv, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim, self.rope.cos, self.rope.sin, fb.positions)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.reshape(t, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
-        write_kv(k_cache, v_cache, k, v, fb.slot_mapping)
+        # RoPE on q and k in place (the first `num_heads + num_kv_heads` heads of each row), k and v cached.
+        rope_write_kv(
+            qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.rope.cos, self.rope.sin, fb.positions,
+            k_cache, v_cache, fb.slot_mapping,
+        )  # fmt: skip
+        q = qkv[:, : cfg.q_size].reshape(t, cfg.num_heads, cfg.head_dim)
         out = torch.empty_like(q)
         nd = fb.num_decode
         window = cfg.window(layer)

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -70,46 +71,53 @@ void rms_norm(at::Tensor out, at::Tensor h, const c10::optional<at::Tensor>& del
   });
 }
 
-// x[t, head] = x * cos[pos] + rotate_half(x) * sin[pos], in place, for the `heads` heads of each row. Rows
-// and the position's tables are widened to fp32 once (a bf16 value is a shift of its bits) and every rounding
-// to T is done on floats, so the loop vectorizes for every storage dtype.
+// x[head] = x * cos[pos] + rotate_half(x) * sin[pos], in place, for the `heads` heads of one row. The row and
+// the position's tables are widened to fp32 once (a bf16 value is a shift of its bits) and every rounding to T
+// is done on floats, so the loop vectorizes for every storage dtype. `cf`, `sf`, `xf`, `of`: dim floats each.
+template <typename T>
+void rope_row(T* x, const T* cos, const T* sin, int64_t position, int64_t heads, int64_t dim, float* cf, float* sf,
+              float* xf, float* of) {
+  const int64_t half = dim / 2;
+  loragate::to_float(cf, cos + position * dim, dim);
+  loragate::to_float(sf, sin + position * dim, dim);
+  const float *c = cf, *s = sf;
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    T* v = x + hd * dim;
+    const float* a;
+    float* o;
+    if constexpr (std::is_same_v<T, float>) {  // in place: each i reads and writes only i and i + half
+      a = v;
+      o = v;
+    } else {
+      loragate::to_float(xf, v, dim);
+      a = xf;
+      o = of;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      // torch rounds each product and the sum to T: x * cos + rotated * sin
+      const float first = round_float<T>(round_float<T>(a[i] * c[i]) + round_float<T>(-a[i + half] * s[i]));
+      const float second =
+          round_float<T>(round_float<T>(a[i + half] * c[i + half]) + round_float<T>(a[i] * s[i + half]));
+      o[i] = first;
+      o[i + half] = second;
+    }
+    if constexpr (!std::is_same_v<T, float>) {
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) v[i] = round_to<T>(o[i]);  // exact: o[i] is a T already
+    }
+  }
+}
+
+// `rope_row` over the first `heads` heads of each row (row stride ldx).
 template <typename T>
 void rope_rows(T* x, const T* cos, const T* sin, const int64_t* positions, int64_t rows, int64_t heads,
                int64_t dim, int64_t ldx) {
-  const int64_t half = dim / 2;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> cf(dim), sf(dim), xf(dim), of(dim);
-    for (int64_t t = begin; t < end; ++t) {
-      loragate::to_float(cf.data(), cos + positions[t] * dim, dim);
-      loragate::to_float(sf.data(), sin + positions[t] * dim, dim);
-      const float *c = cf.data(), *s = sf.data();
-      for (int64_t hd = 0; hd < heads; ++hd) {
-        T* v = x + t * ldx + hd * dim;
-        const float* a;
-        float* o;
-        if constexpr (std::is_same_v<T, float>) {  // in place: each i reads and writes only i and i + half
-          a = v;
-          o = v;
-        } else {
-          loragate::to_float(xf.data(), v, dim);
-          a = xf.data();
-          o = of.data();
-        }
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          // torch rounds each product and the sum to T: x * cos + rotated * sin
-          const float first = round_float<T>(round_float<T>(a[i] * c[i]) + round_float<T>(-a[i + half] * s[i]));
-          const float second =
-              round_float<T>(round_float<T>(a[i + half] * c[i + half]) + round_float<T>(a[i] * s[i + half]));
-          o[i] = first;
-          o[i + half] = second;
-        }
-        if constexpr (!std::is_same_v<T, float>) {
-#pragma omp simd
-          for (int64_t i = 0; i < dim; ++i) v[i] = round_to<T>(o[i]);  // exact: o[i] is a T already
-        }
-      }
-    }
+    std::vector<float> buf(4 * dim);
+    float* b = buf.data();
+    for (int64_t t = begin; t < end; ++t)
+      rope_row(x + t * ldx, cos, sin, positions[t], heads, dim, b, b + dim, b + 2 * dim, b + 3 * dim);
   });
 }
 
@@ -123,6 +131,55 @@ void rope(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rope", [&] {
     rope_rows<scalar_t>(x.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
                         positions.data_ptr<int64_t>(), x.size(0), heads, dim, x.stride(0));
+  });
+}
+
+// A step's fused qkv rows [T, (H + 2 KVH) * D] after their adapters: RoPE on the q and k heads in place
+// (`rope_row`), then each row's k and v heads copied to its cache slot (k_cache.view(-1, KVH * D)[slots[t]]):
+// `rope` then `write_kv`, the same bits, in one pass over the rows instead of two calls.
+template <typename T>
+void rope_write_rows(T* qkv, T* kc, T* vc, const T* cos, const T* sin, const int64_t* positions,
+                     const int64_t* slots, int64_t rows, int64_t q_heads, int64_t kv_heads, int64_t dim,
+                     int64_t ld) {
+  const int64_t width = kv_heads * dim, k_at = q_heads * dim, v_at = k_at + width;
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(4 * dim);
+    float* b = buf.data();
+    for (int64_t t = begin; t < end; ++t) {
+      T* row = qkv + t * ld;
+      rope_row(row, cos, sin, positions[t], q_heads + kv_heads, dim, b, b + dim, b + 2 * dim, b + 3 * dim);
+      std::memcpy(kc + slots[t] * width, row + k_at, width * sizeof(T));
+      std::memcpy(vc + slots[t] * width, row + v_at, width * sizeof(T));
+    }
+  });
+}
+
+void rope_write_kv(at::Tensor qkv, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& cos,
+                   const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& slots, int64_t q_heads,
+                   int64_t kv_heads, int64_t dim) {
+  const int64_t rows = qkv.size(0);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) >= (q_heads + 2 * kv_heads) * dim,
+              "rope_write_kv: qkv must be [T, >= (H + 2 KVH) * D] with unit-stride rows");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == kv_heads && k_cache.size(3) == dim,
+              "rope_write_kv: the caches must be contiguous [NB, BS, KVH, D]");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == qkv.scalar_type() &&
+                  sin.scalar_type() == qkv.scalar_type() && k_cache.scalar_type() == qkv.scalar_type(),
+              "rope_write_kv: contiguous tables, one dtype throughout");
+  for (const at::Tensor* ix : {&positions, &slots})
+    TORCH_CHECK(ix->scalar_type() == at::kLong && ix->is_contiguous() && ix->dim() == 1 && ix->size(0) == rows,
+                "rope_write_kv: int64 positions and slots, one per row");
+  const int64_t capacity = k_cache.size(0) * k_cache.size(1), max_position = cos.size(0);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* pp = positions.data_ptr<int64_t>();
+  for (int64_t t = 0; t < rows; ++t) {
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < capacity, "rope_write_kv: slot ", sp[t], " outside the cache");
+    TORCH_CHECK(pp[t] >= 0 && pp[t] < max_position, "rope_write_kv: position ", pp[t], " outside the tables");
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_write_kv", [&] {
+    rope_write_rows<scalar_t>(qkv.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+                              cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), pp, sp, rows, q_heads, kv_heads,
+                              dim, qkv.stride(0));
   });
 }
 
@@ -215,10 +272,13 @@ void argmax_rows(at::Tensor out, const at::Tensor& logits) {
 TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
   m.def("rms_norm(Tensor(a!) out, Tensor(b!) h, Tensor? delta, Tensor weight, float eps) -> ()");
   m.def("rope(Tensor(a!) x, Tensor cos, Tensor sin, Tensor positions, int heads, int dim) -> ()");
+  m.def("rope_write_kv(Tensor(a!) qkv, Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor cos, Tensor sin, "
+        "Tensor positions, Tensor slots, int q_heads, int kv_heads, int dim) -> ()");
   m.def("silu_mul(Tensor(a!) out, Tensor gate_up) -> ()");
   m.def("argmax_rows(Tensor(a!) out, Tensor logits) -> ()");
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   m.impl("rope", c10::DispatchKey::CPU, &rope);
+  m.impl("rope_write_kv", c10::DispatchKey::CPU, &rope_write_kv);
   m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
   m.impl("argmax_rows", c10::DispatchKey::CPU, &argmax_rows);
 }

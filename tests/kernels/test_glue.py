@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import add_rms_norm, rope_, silu_mul
+from kernels import add_rms_norm, rope_, rope_write_kv, silu_mul
 from kernels.backend import BACKEND_ENV
 from kernels.glue import argmax_rows, rms_norm_torch, rope_torch
 
@@ -162,3 +162,38 @@ def test_the_torch_fallbacks_compute_the_same(monkeypatch: pytest.MonkeyPatch) -
     assert torch.equal(silu_mul(gate_up), torch.nn.functional.silu(gate_up[:, :32]) * gate_up[:, 32:])
     rows = planted_rows(300, torch.float32)
     assert torch.equal(argmax_rows(rows), rows.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rope_write_kv_is_rope_then_write_kv_bit_for_bit(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One native pass over the fused qkv rows: q and k rotated in place, k and v in their cache slots, every
+    other slot untouched; the same bits as `rope_` then `write_kv` on torch's ops."""
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, dim, rows = 6, 2, 64, 11
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+    angles = torch.arange(40.0)[:, None] * torch.rand(dim // 2, generator=gen)[None, :]
+    cos, sin = (torch.cat([f(angles)] * 2, dim=-1).to(dtype) for f in (torch.cos, torch.sin))
+    positions = torch.randint(0, 40, (rows,), generator=gen)
+    slots = torch.randperm(5 * 8, generator=gen)[:rows]
+    caches = [torch.randn(5, 8, kv_heads, dim, generator=gen).to(dtype) for _ in range(2)]
+    results = {}
+    for backend in ("native", "torch"):
+        monkeypatch.setenv(BACKEND_ENV, backend)
+        x, k_cache, v_cache = qkv.clone(), caches[0].clone(), caches[1].clone()
+        rope_write_kv(x, heads, kv_heads, dim, cos, sin, positions, k_cache, v_cache, slots)
+        results[backend] = (x, k_cache, v_cache)
+    for got, want in zip(results["native"], results["torch"], strict=True):
+        assert torch.equal(got, want)
+    x, k_cache, v_cache = results["native"]
+    assert torch.equal(x[:, (heads + kv_heads) * dim :], qkv[:, (heads + kv_heads) * dim :])  # v as it was
+    assert torch.equal(v_cache.view(-1, kv_heads * dim)[slots], qkv[:, (heads + kv_heads) * dim :])
+    kept = torch.ones(40, dtype=torch.bool)
+    kept[slots] = False
+    assert torch.equal(k_cache.view(-1, kv_heads * dim)[kept], caches[0].view(-1, kv_heads * dim)[kept])
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        rope_write_kv(qkv.clone(), heads, kv_heads, dim, cos, sin, positions, k_cache, v_cache, slots + 40)
+    with pytest.raises(RuntimeError, match="outside the tables"):
+        rope_write_kv(qkv.clone(), heads, kv_heads, dim, cos, sin, positions + 40, k_cache, v_cache, slots)

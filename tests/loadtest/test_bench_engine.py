@@ -115,7 +115,7 @@ def test_profile_engine_categories_split_the_run(capsys: pytest.CaptureFixture[s
     assert calls["forward"] == steps == calls["lm_head"]
     layers = 4
     assert calls["linear"] == 4 * layers * steps and calls["lora"] == 4 * layers * steps
-    for category in ("linear", "lm_head", "lora", "attention_decode", "attention_prefill", "write_kv"):
+    for category in ("linear", "lm_head", "lora", "attention_decode", "attention_prefill", "rope_write_kv"):
         assert seconds[category] > 0, category
     assert seconds["model_other"] >= 0 and seconds["step_other"] >= 0
     assert sum(seconds.values()) == pytest.approx(result["wall_s"], abs=0.01)

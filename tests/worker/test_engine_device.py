@@ -32,7 +32,7 @@ from worker.engine import LLMEngine
 from worker.heartbeat import engine_state
 from worker.modelzoo.make import ZooPaths
 
-KERNELS = ("write_kv", "paged_attention_decode", "paged_attention_prefill", "sgmv_group", "linear")
+KERNELS = ("rope_write_kv", "paged_attention_decode", "paged_attention_prefill", "sgmv_group", "linear")
 ADAPTERS = ("qv-r8", "all-r64", "mlp-r32")
 SAMPLED = SamplingParams(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=3, ignore_eos=True)
 
