@@ -127,7 +127,7 @@ def test_strided_rows_and_columns_are_read_as_their_values() -> None:
 
 
 @needs_amx
-@pytest.mark.parametrize("rows", [1, 15, 17, 64, 130, 300])
+@pytest.mark.parametrize("rows", [0, 1, 15, 17, 64, 130, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_gated_weight_gives_the_plain_result_and_its_silu_mul_bit_for_bit(rows: int, bias: bool) -> None:
     """The same matmul in the weight's own column order, and silu(gate) * up computed as each panel is
@@ -156,8 +156,11 @@ def test_silu_mul_wants_a_gated_weight() -> None:
         linear_amx_silu_mul(torch.randn(2, 32).bfloat16(), w)
 
 
+ARGMAX_SHAPES = [(0, 64), (1, 49152), (17, 32000), (64, 1001), (130, 77), (300, 4096)]
+
+
 @needs_amx
-@pytest.mark.parametrize(("rows", "n"), [(1, 49152), (17, 32000), (64, 1001), (130, 77), (300, 4096)])
+@pytest.mark.parametrize(("rows", "n"), ARGMAX_SHAPES)
 def test_the_argmax_is_argmax_rows_of_the_rounded_results(rows: int, n: int) -> None:
     gen = torch.Generator().manual_seed(rows + n)
     x = torch.randn(rows, 576, generator=gen).bfloat16()
