@@ -1,7 +1,8 @@
 // Paged decode attention for CPUs: one call per layer for the whole decode batch; prefill attention as
 // decode rows, one per new token; and the KV write.
 //
-// Each sequence is one task (at::parallel_for, torch's own thread pool). A task reads its sequence's keys
+// Each thread takes a run of sequences with an equal share of the keys (at::parallel_for, torch's own thread
+// pool; split by index, two halves of a batch of random lengths differed by ~5%). A task reads its sequence's keys
 // once, block by block along its block table, scoring all G query heads of each KV head against each key
 // (GQA without copying K/V per query head), then reads the values once more to accumulate the
 // softmax-weighted sum. K/V are read straight from the paged pool: no gather, no padding, no mask.
@@ -179,8 +180,20 @@ void decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, con
       }
     }
   };
-  if (rows == nullptr) {
-    at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) { work(begin, end, 1); });
+  if (rows == nullptr) {  // each task a run of sequences holding an equal share of the keys to read
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batch));
+    std::vector<int64_t> bounds(tasks + 1, batch);
+    int64_t total = 0;
+    auto cost = [&](int64_t b) { return (window > 0 ? std::min(lens[b], window) : lens[b]) + 16; };
+    for (int64_t b = 0; b < batch; ++b) total += cost(b);
+    bounds[0] = 0;
+    for (int64_t b = 0, t = 1, done = 0; b < batch && t < tasks; ++b) {
+      done += cost(b);
+      while (t < tasks && done * tasks >= total * t) bounds[t++] = b + 1;
+    }
+    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) work(bounds[c], bounds[c + 1], 1);
+    });
   } else {
     const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), batch));
     at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
