@@ -2,10 +2,10 @@
 // decode rows, one per new token; and the KV write.
 //
 // Each thread takes a run of sequences with an equal share of the keys (at::parallel_for, torch's own thread
-// pool; split by index, two halves of a batch of random lengths differed by ~5%). A task reads its sequence's keys
+// pool; split by index, two halves of a batch of random lengths differed by ~5%). Each sequence's keys are read
 // once, block by block along its block table, scoring all G query heads of each KV head against each key
-// (GQA without copying K/V per query head), then reads the values once more to accumulate the
-// softmax-weighted sum. K/V are read straight from the paged pool: no gather, no padding, no mask.
+// (GQA without copying K/V per query head), then its values once more to accumulate the softmax-weighted
+// sum. K/V are read straight from the paged pool: no gather, no padding, no mask.
 // Accumulation is fp32 whatever the storage dtype (fp32, bf16, fp16).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
