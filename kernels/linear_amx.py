@@ -123,20 +123,20 @@ def linear_amx_argmax(x: torch.Tensor, weight: AMXWeight) -> torch.Tensor:
     """
     if weight.gated:
         raise ValueError("linear_amx_argmax: a weight packed in its own column order (not gated)")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
     out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    torch.ops.loragate_cpu.linear_amx_argmax(out, x, weight.panels, weight.out_features)
+    torch.ops.loragate_cpu.linear_amx_argmax(out, _rows(x), weight.panels, weight.out_features)
     return out
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """`x` with unit stride along its rows, as the kernel reads them (a copy only if need be)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _run(
     x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor | None, width: int, mode: int
 ) -> torch.Tensor:
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    if bias is not None and weight.gated:
-        bias = _gated_order(bias)
+    """The kernel in `mode` (a gated weight's bias in the weight's own order: the kernel reads it there)."""
     out = torch.empty(x.shape[0], width, dtype=torch.bfloat16, device=x.device)
-    torch.ops.loragate_cpu.linear_amx(out, x, weight.panels, bias, mode)
+    torch.ops.loragate_cpu.linear_amx(out, _rows(x), weight.panels, bias, mode)
     return out

@@ -202,6 +202,9 @@ void compute(const at::Tensor& x_in, const at::Tensor& packed, const std::option
   const float* bias = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   const bf16* tp = full < m ? tail.data() : nullptr;
   const bf16* wp = packed.data_ptr<bf16>();
+  // A gated weight's column tiles are the gate's columns col / 2 .. and the up projection's n / 2 + col / 2 ..:
+  // the bias is read there, in the weight's own order.
+  const bool gated = how == Out::split || how == Out::silu_mul;
   // argmax: each task's best per row over its panels, merged in the panels' order after.
   struct Part {
     int64_t begin;
@@ -225,7 +228,8 @@ void compute(const at::Tensor& x_in, const at::Tensor& packed, const std::option
       const auto [x0, l0] = tile_rows(r);
       const auto [x1, l1] = tile_rows(r + 16);
       blocks.run(r, std::min<int64_t>(32, m - r), x0, l0, x1, l1, wp + p * kblocks * 2 * TILE, kblocks, col,
-                 bias_at(bias, col, n), bias_at(bias, col + 16, n), ahead, per_kb);
+                 bias_at(bias, gated ? col / 2 : col, n), bias_at(bias, gated ? n / 2 + col / 2 : col + 16, n), ahead,
+                 per_kb);
     };
     auto next_panel = [&](int64_t p) { return reinterpret_cast<const char*>(wp + (p + 1) * kblocks * 2 * TILE); };
     if (m > BIG_ROWS) {  // a prefill: each block of 32 rows over every panel of the thread, x's block in L1
