@@ -55,6 +55,7 @@ log = logging.getLogger("loragate.worker")
 REGISTRY_SYNC_S = 1.0
 SNAPSHOT_S = 0.2  # how often the engine loop hands the heartbeat a fresh state
 COMPILE_WAIT_S = 0.05  # an idle loop waiting for a guide to compile looks at cancels and the queue this often
+WARM_JOIN_SECONDS = 60.0  # a stop waits at most this long for the structured-output engine to finish loading
 
 
 class WorkerService:
@@ -113,7 +114,8 @@ class WorkerService:
     def run(self) -> None:
         self._publish_state()
         # Off the step thread: loading it on the first guided request would stall every running one.
-        threading.Thread(target=self._warm_grammar, daemon=True, name=f"grammar-{self.worker_id}").start()
+        warming = threading.Thread(target=self._warm_grammar, daemon=True, name=f"grammar-{self.worker_id}")
+        warming.start()
         self.heartbeat.start()
         try:
             self._serve_through_outages()
@@ -124,6 +126,11 @@ class WorkerService:
             self.heartbeat.remove()
             self.cancels.close()
             self.intake.close()
+            # A worker stopped as it starts must not exit while the load is still in xgrammar's native
+            # code: at interpreter exit that daemon thread is unwound inside C++ and the process aborts.
+            warming.join(WARM_JOIN_SECONDS)
+            if warming.is_alive():
+                log.warning("worker %s: exiting while the grammar engine still loads", self.worker_id)
             self.stopped.set()
 
     def _warm_grammar(self) -> None:

@@ -183,3 +183,22 @@ def test_a_queue_that_vanished_is_made_again_and_serves(zoo: ZooPaths, client: r
         assert thread.is_alive()
         enqueue(client, QueuedRequest("v2", "tiny", prompt(2), SamplingParams(max_tokens=3, ignore_eos=True)))
         assert collect(client, "v2")[-1].finish_reason == "length"
+
+
+def test_a_worker_stopped_as_it_starts_waits_for_the_grammar_load(zoo: ZooPaths, client: redis.Redis) -> None:
+    """The structured-output engine loads on a daemon thread as the worker starts; a stop must not return
+    (and the process exit) while that load is still in xgrammar's native code, where interpreter exit
+    would unwind the thread inside C++ and abort the process (seen: SIGHUP 0.3 s after start, exit -6)."""
+    service = make_service(zoo, client)
+    grammar, load = service.engine.grammar, service.engine.grammar.warm
+
+    def slow_load() -> None:
+        time.sleep(1.0)  # a loaded machine: the stop arrives while the load is under way
+        load()
+
+    grammar.warm = slow_load  # type: ignore[method-assign]
+    service.drain()  # stopped before its loop ever ran
+    started = time.monotonic()
+    service.run()
+    assert grammar.is_warm, "run() returned while the grammar load was still going"
+    assert time.monotonic() - started >= 1.0
