@@ -146,11 +146,16 @@ inline void pack_x(uint32_t* xt, const bf16* x, int64_t ldx, int64_t m, int64_t 
   }
 }
 
+// The inner iterations of `shrink` and `expand`: each calls `tick()` once per iteration, where a caller
+// prefetches its next work (`prefetch_ahead.h`).
+inline int64_t shrink_ticks(int64_t r, int64_t in) { return (r + 15) / 16 * (in / 32); }
+inline int64_t expand_ticks(int64_t outs) { return (outs + 31) / 32; }
+
 // store(u, j, C[j][u]) for u < m, j < r: the shrink of the chunk packed in `xt` by the rank rows of `a`
 // (row j at a + j * a_row).
-template <typename Store>
+template <typename Store, typename Tick>
 inline void shrink(Tiles& tiles, const uint32_t* xt, int64_t m, const bf16* a, int64_t a_row, int64_t r,
-                   int64_t in, Store&& store) {
+                   int64_t in, Store&& store, Tick&& tick) {
   tiles.configure(m, r);
   alignas(64) float c[16 * 16];
   const int64_t rb = r < 16 ? r : 16;
@@ -163,6 +168,7 @@ inline void shrink(Tiles& tiles, const uint32_t* xt, int64_t m, const bf16* a, i
       LORAGATE_TILE_LOAD(1, a + j0 * a_row + d, a_row * sizeof(bf16));
       LORAGATE_TILE_LOAD(2, xt + d / 32 * 256, 64);
       _tile_dpbf16ps(0, 1, 2);
+      tick();
     }
     _tile_stored(0, c, 64);
     for (int64_t j = 0; j < rb; ++j)
@@ -196,8 +202,9 @@ inline void add_sums(bf16* y, int64_t ldy, const float* lo, const float* hi, int
 // values (a zero past an odd rank). B in rank pairs: bp[(o / 16 * pair_stride + p) * 32 + o % 16 * 2 + e] =
 // b[2p + e][o] (zero past the rank). Per 32 outputs two tiles of sums share each load of v; the adds to y of
 // one 32 run while the tiles compute the next (two buffers), so neither waits on the other.
+template <typename Tick>
 inline void expand(Tiles& tiles, bf16* y, int64_t ldy, const uint16_t* v, int64_t ldv, int64_t m,
-                   const bf16* bp, int64_t pair_stride, int64_t r, int64_t outs) {
+                   const bf16* bp, int64_t pair_stride, int64_t r, int64_t outs, Tick&& tick) {
   tiles.configure(m, r);
   const int64_t k = std::min<int64_t>(v_row(r), 32), block = pair_stride * 32;
   alignas(64) float c[2][2][16 * 16];  // [buffer][block of 16 outputs]
@@ -222,6 +229,7 @@ inline void expand(Tiles& tiles, bf16* y, int64_t ldy, const uint16_t* v, int64_
       }
       _tile_stored(6, buf, 64);
       if (two) _tile_stored(7, buf + 256, 64);
+      tick();
     }
     if (pending >= 0) {
       const float* buf = c[pending / 32 % 2][0];

@@ -11,6 +11,8 @@
 // each block of weights while it is in L1 (`sgmv_blocks.h`), and threads take chunks as they finish
 // (segments differ in length). In bf16 on a CPU with AMX, a module whose B also comes in rank pairs
 // (`pairs`, kept by the adapter cache, each slot's own ranks dense) runs on AMX tiles instead (`sgmv_amx.h`),
+// each thread prefetching its next chunk's A and B pairs while the tiles work on this one (a step's adapters
+// come from memory: `prefetch_ahead.h`),
 // and on a CPU with AVX512-BF16 but no AMX on `vdpbf16ps` (`sgmv_dpbf16.h`): the same sums, summed in pairs.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -18,6 +20,7 @@
 
 #include "sgmv_amx.h"
 #include "sgmv_common.h"
+#include "prefetch_ahead.h"
 #include "sgmv_dpbf16.h"
 
 #include <algorithm>
@@ -55,7 +58,32 @@ struct Scratch {
   std::vector<std::vector<float>> b;
   std::vector<uint32_t> xt;  // AMX: x's chunk in pairs
   std::vector<uint16_t> vh;  // AMX, AVX512-BF16: v's bf16 bits
+  loragate::Ahead ahead;     // AMX: the next chunk's weights, prefetched while this one computes
 };
+
+#if LORAGATE_AMX
+// What chunk `k` reads on AMX tiles, into `ahead`; returns its tiles' inner iterations.
+inline int64_t amx_reads(loragate::Ahead* ahead, const Chunk& k, const Module* mods, int64_t n, const int64_t* ranks,
+                         int64_t slots, int64_t in) {
+  int64_t ticks = 0;
+  for (int64_t m = 0; m < n; ++m) {
+    const int64_t r = ranks[m * slots + k.slot];
+    const Module& md = mods[m];
+    if (r == 0 || md.pairs == nullptr || !loragate_amx::fits(in, md.outs, r)) continue;
+    ticks += loragate_amx::shrink_ticks(r, in) + loragate_amx::expand_ticks(md.outs);
+    if (ahead == nullptr) continue;
+    const auto* a = static_cast<const at::BFloat16*>(md.a) + k.slot * md.a_slot;
+    if (md.a_row == in) {
+      ahead->add(a, r * in * 2);
+    } else {
+      for (int64_t j = 0; j < r; ++j) ahead->add(a + j * md.a_row, in * 2);
+    }
+    const auto* pairs = static_cast<const at::BFloat16*>(md.pairs) + k.slot * md.pair_slot;
+    ahead->add(pairs, md.outs * loragate_amx::v_row(r) * 2);
+  }
+  return ticks;
+}
+#endif
 
 template <typename T>
 void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, const int64_t* ranks,
@@ -92,8 +120,18 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
     }
 #endif
     if (dp) scratch.vh.resize(CHUNK * loragate_dpbf16::v_row(max_rank));
-    for (int64_t i = next++; i < count; i = next++) {
+    loragate::Ahead& ahead = scratch.ahead;
+    for (int64_t i = next++, following = 0; i < count; i = following) {
       const Chunk& k = work[i];
+      following = next++;  // claimed now, so that its weights come in while this chunk computes
+      ahead.clear();
+#if LORAGATE_AMX
+      if (amx && following < count) {
+        amx_reads(&ahead, work[following], mods, n, ranks, slots, in);
+        ahead.spread(amx_reads(nullptr, k, mods, n, ranks, slots, in));
+      }
+      auto tick = [&] { ahead.tick(); };
+#endif
       const T* xt = xp + k.token * ldx;
       bool have_xs = wide, x_paired = false;  // x's chunk in fp32 / packed in pairs, made when first needed
       const int64_t padded = (k.rows + TILE - 1) / TILE * TILE;
@@ -110,12 +148,13 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
             uint16_t* vh = scratch.vh.data();
             const T* a = static_cast<const T*>(md.a) + k.slot * md.a_slot;
             loragate_amx::shrink(*tiles, scratch.xt.data(), k.rows, a, md.a_row, r, in,
-                                 [&](int64_t u, int64_t j, float s) { vh[u * ldv + j] = from_float<T>(scale * s).x; });
+                                 [&](int64_t u, int64_t j, float s) { vh[u * ldv + j] = from_float<T>(scale * s).x; },
+                                 tick);
             if (ldv > r)
               for (int64_t u = 0; u < k.rows; ++u) vh[u * ldv + r] = 0;
             const T* bp = static_cast<const T*>(md.pairs) + k.slot * md.pair_slot;
             loragate_amx::expand(*tiles, yp + k.token * ldy + md.offset, ldy, vh, ldv, k.rows, bp, ldv / 2, r,
-                                 md.outs);
+                                 md.outs, tick);
             continue;
           }
         }
@@ -165,6 +204,7 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
           expand_axpy(yt, ldy, vs.data(), k.rows, r, buf.data(), md.outs, md.outs);
         }
       }
+      ahead.finish();  // what the ticks did not cover, before the chunk that needs it
     }
   });
 }
