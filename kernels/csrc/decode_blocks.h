@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "prefetch_ahead.h"
 #include "sgmv_blocks.h"
 #include "sgmv_dpbf16.h"
 
@@ -40,23 +41,8 @@ constexpr bool dp_scores() {
   return loragate_dpbf16::ready() && DIM > 0 && DIM % 32 == 0;
 }
 
-// The lines of one region (the next block) fetched a few at a time between pieces of work: a block's
-// worth at once (up to 192 lines) would wait on the core's few line-fill buffers.
-struct Ahead {
-  const char* next = nullptr;
-  int64_t left = 0;  // bytes not yet asked for
-  int64_t per_step = 0;
-
-  // The region [p, p + bytes), spread over `steps` calls of `step`.
-  void start(const void* p, int64_t bytes, int64_t steps) {
-    next = static_cast<const char*>(p);
-    left = p == nullptr ? 0 : bytes;
-    per_step = (bytes / 64 + steps) / std::max<int64_t>(steps, 1);
-  }
-  void step() {
-    for (int64_t i = 0; i < per_step && left > 0; ++i, next += 64, left -= 64) __builtin_prefetch(next, 0, 1);
-  }
-};
+// The next block's lines, a few between pieces of work (`prefetch_ahead.h`).
+using Ahead = loragate::Ahead<1>;
 
 // The row pointers of a run of `count` (<= 16) keys from `keys` (one every `token` values); a short run
 // repeats its last row, so the lanes past `count` hold copies of a real score.
@@ -76,7 +62,7 @@ inline void score_run(float* scores, const float* qf, const float* keys, int64_t
   const float* row[16];
   run_rows(row, keys, count, token);
   for (int64_t hq = 0; hq < heads; ++hq) {
-    ahead.step();
+    ahead.tick();
     const int64_t kv = (hq / group) * DIM;
     for (int j0 = 0; j0 < count; j0 += NL) {
       vn acc[NL] = {};
@@ -103,7 +89,7 @@ inline void score_run_dp(float* scores, const at::BFloat16* q, const at::BFloat1
   const at::BFloat16* row[16];
   run_rows(row, keys, count, token);
   for (int64_t hq = 0; hq < heads; ++hq) {
-    ahead.step();
+    ahead.tick();
     const int64_t kv = (hq / group) * DIM;
     __m512bh qv[DIM / 32];
     for (int c = 0; c < DIM / 32; ++c) qv[c] = load_bh(q + hq * DIM + 32 * c);
@@ -162,7 +148,7 @@ inline void weigh_run(float* acc, const float* weights, const T* values, int64_t
   for (int64_t hq = 0; hq < heads;) {
     const T* v = values + (hq / group) * DIM;
     const int64_t h = std::min<int64_t>({4, group - hq % group, heads - hq});
-    for (int64_t i = 0; i < h; ++i) ahead.step();  // one step per query head, as score_run
+    for (int64_t i = 0; i < h; ++i) ahead.tick();  // one step per query head, as score_run
     float* a = acc + hq * DIM;
     const float* w = weights + hq * ns;
     switch (h) {

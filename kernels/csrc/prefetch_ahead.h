@@ -1,9 +1,10 @@
-// Prefetching the next work item's weights while this one computes. A decode step's adapters come from
-// memory (the base weights and the KV cache streamed since the last layer have evicted them): a chunk's A rows
-// and B pairs are a few short runs, too short for the hardware prefetcher, so a thread that loads them on
-// demand waits on memory and then computes, one after the other. `Ahead` holds the byte ranges the thread's
-// next item will read and spreads their prefetches over the current item's inner loop iterations (`tick`),
-// so memory and the tiles work at once; whatever is left is issued before the next item starts (`finish`).
+// Prefetching the next piece of work's memory while this one computes, a few lines at a time: a whole region
+// at once would wait on the core's few line-fill buffers. `Ahead` holds the byte ranges the next piece will
+// read and spreads their prefetches over the current piece's inner iterations (`tick`); whatever is left is
+// issued before the next piece starts (`finish`). Used where the hardware prefetcher (which stops at a 4 KiB
+// page) meets every run cold: the paged KV cache's next block (`decode_blocks.h`, into L3 / L2: `Locality` 1),
+// and the LoRA kernel's next chunk of adapter weights, short runs the base weights and the KV streamed since
+// the last layer have evicted (`sgmv_group_cpu.cpp`, into L2: 2).
 #pragma once
 
 #include <cstdint>
@@ -11,9 +12,16 @@
 
 namespace loragate {
 
+template <int Locality>
 class Ahead {
  public:
   void clear() { ranges_.clear(), range_ = 0, offset_ = 0, per_tick_ = 0; }
+  // Only [p, p + bytes) (nothing for a null p), spread over `ticks` calls of `tick`.
+  void start(const void* p, int64_t bytes, int64_t ticks) {
+    clear();
+    if (p != nullptr) add(p, bytes);
+    spread(ticks);
+  }
   void add(const void* p, int64_t bytes) {
     if (bytes <= 0) return;
     const auto at = reinterpret_cast<uintptr_t>(p), line = at & ~static_cast<uintptr_t>(LINE - 1);
@@ -37,7 +45,7 @@ class Ahead {
   void issue(int64_t lines) {
     for (; lines > 0 && range_ < ranges_.size(); --lines) {
       const Range& r = ranges_[range_];
-      __builtin_prefetch(r.p + offset_, 0, 2);  // to L2: the next item's weights outgrow L1
+      __builtin_prefetch(r.p + offset_, 0, Locality);
       offset_ += LINE;
       if (offset_ >= r.bytes) ++range_, offset_ = 0;
     }

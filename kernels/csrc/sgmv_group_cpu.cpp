@@ -18,9 +18,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "prefetch_ahead.h"
 #include "sgmv_amx.h"
 #include "sgmv_common.h"
-#include "prefetch_ahead.h"
 #include "sgmv_dpbf16.h"
 
 #include <algorithm>
@@ -58,12 +58,12 @@ struct Scratch {
   std::vector<std::vector<float>> b;
   std::vector<uint32_t> xt;  // AMX: x's chunk in pairs
   std::vector<uint16_t> vh;  // AMX, AVX512-BF16: v's bf16 bits
-  loragate::Ahead ahead;     // AMX: the next chunk's weights, prefetched while this one computes
+  loragate::Ahead<2> ahead;  // AMX: the next chunk's weights, prefetched while this one computes
 };
 
 #if LORAGATE_AMX
 // What chunk `k` reads on AMX tiles, into `ahead`; returns its tiles' inner iterations.
-inline int64_t amx_reads(loragate::Ahead* ahead, const Chunk& k, const Module* mods, int64_t n, const int64_t* ranks,
+inline int64_t amx_reads(loragate::Ahead<2>* ahead, const Chunk& k, const Module* mods, int64_t n, const int64_t* ranks,
                          int64_t slots, int64_t in) {
   int64_t ticks = 0;
   for (int64_t m = 0; m < n; ++m) {
@@ -120,7 +120,7 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
     }
 #endif
     if (dp) scratch.vh.resize(CHUNK * loragate_dpbf16::v_row(max_rank));
-    loragate::Ahead& ahead = scratch.ahead;
+    loragate::Ahead<2>& ahead = scratch.ahead;
     for (int64_t i = next++, following = 0; i < count; i = following) {
       const Chunk& k = work[i];
       following = next++;  // claimed now, so that its weights come in while this chunk computes
