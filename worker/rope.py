@@ -28,7 +28,8 @@ def inv_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables `[max_positions, head_dim]` (`kernels.rope_` rotates q and k with them)."""
+    """Precomputed cos/sin tables `[max_positions, head_dim]` (`kernels.rope_write_kv` rotates q and k with
+    them as it stores k and v)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, dtype: torch.dtype, device: str):
         inv = inv_frequencies(rope, head_dim)
