@@ -1,6 +1,7 @@
 // The ends of `linear_amx.cpp`'s blocks: where a block's fp32 sums go once its tiles are stored. Each takes the
 // sums `c` of up to 32 rows by one panel of 32 columns (rows 0-15 in tiles 0-1, 16-31 in tiles 2-3; column
-// tile h holds the panel's columns h * 16 ..) plus the bias of each column tile.
+// tile h holds the panel's columns h * 16 ..) plus the bias of each column tile, and handles the block's rows
+// [r0, r1): a block's rows go out a few at a time between the next block's multiplies.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,10 +31,10 @@ inline __m512 rounded(__m512 v) {  // v rounded to bf16 (to nearest even, as the
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(b)), 16));
 }
 
-inline void store_gated(bf16* y, int64_t ldy, const float (*c)[256], int64_t rows, int64_t col, int64_t half,
-                        __m512 b0, __m512 b1, Out how) {
+inline void store_gated(bf16* y, int64_t ldy, const float (*c)[256], int64_t r0, int64_t r1, int64_t col,
+                        int64_t half, __m512 b0, __m512 b1, Out how) {
   const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const int64_t t = r / 16 * 2, u = r % 16;
     const __m512 gate = rounded(_mm512_add_ps(_mm512_load_ps(c[t] + u * 16), b0));
     const __m512 up = rounded(_mm512_add_ps(_mm512_load_ps(c[t + 1] + u * 16), b1));
@@ -51,13 +52,13 @@ inline void store_gated(bf16* y, int64_t ldy, const float (*c)[256], int64_t row
   }
 }
 
-// y[r][col .. col + 32) = bf16(sums + bias) for the first `rows` of a block, columns < n only; the sums of
+// y[r][col .. col + 32) = bf16(sums + bias) for rows [r0, r1) of a block, columns < n only; the sums of
 // rows 16.. in tiles 2-3.
-inline void store(bf16* y, int64_t ldy, const float (*c)[256], int64_t rows, int64_t col, int64_t n, __m512 b0,
-                  __m512 b1) {
+inline void store(bf16* y, int64_t ldy, const float (*c)[256], int64_t r0, int64_t r1, int64_t col, int64_t n,
+                  __m512 b0, __m512 b1) {
   const int64_t valid = std::min<int64_t>(32, n - col);
   const __mmask32 mask = valid >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1ull << valid) - 1);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const int64_t t = r / 16 * 2, u = r % 16;
     const __m512 lo = _mm512_add_ps(_mm512_load_ps(c[t] + u * 16), b0);
     const __m512 hi = _mm512_add_ps(_mm512_load_ps(c[t + 1] + u * 16), b1);
@@ -70,12 +71,12 @@ inline void store(bf16* y, int64_t ldy, const float (*c)[256], int64_t rows, int
 // Each row's first largest value over the panel's columns < n, as bf16 rounds it, merged into the row's best
 // so far (`best`, `at`: the panels before, in order): a larger value wins, an equal one does not; a NaN wins
 // over any number and nothing wins over a NaN (torch.argmax's answer: the first NaN).
-inline void pick(float* best, int64_t* at, const float (*c)[256], int64_t rows, int64_t col, int64_t n) {
+inline void pick(float* best, int64_t* at, const float (*c)[256], int64_t r0, int64_t r1, int64_t col, int64_t n) {
   const int64_t valid = std::min<int64_t>(32, n - col);
   const __mmask16 m0 = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
   const __mmask16 m1 = valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : static_cast<__mmask16>((1u << (valid - 16)) - 1);
   const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     if (std::isnan(best[r])) continue;
     const int64_t t = r / 16 * 2, u = r % 16;
     const __m512 lo = rounded(_mm512_load_ps(c[t] + u * 16)), hi = rounded(_mm512_load_ps(c[t + 1] + u * 16));
