@@ -43,6 +43,7 @@ SOURCES = tuple(
         "glue_cpu.cpp",
         "lm_head_cpu.cpp",
         "linear_amx.cpp",
+        "decoder_cpu.cpp",
     )
 )
 HEADERS = tuple(sorted(_CSRC.glob("*.h")))

@@ -5,7 +5,9 @@ Three engines serve the bench workload (`loadtest.bench_models`) at once, a step
 on its own steps (`loadtest.bench_engine.run_interleaved`, so this host's drifting speed slows all three
 alike): the mixed run; the same mixed run with its LoRA kernel calls skipped (`worker.model.sgmv_group`
 replaced by a no-op for that engine's steps only: its tokens differ, its work does not, since every
-request runs to its `max_tokens`); and the base model on the same prompts. The last line is one JSON object.
+request runs to its `max_tokens`); and the base model on the same prompts. All three run their layers one
+kernel call at a time (`ModelRunner._layers`, not the one native call a step of `kernels.decoder_native`),
+so that the skipped one's calls can be replaced. The last line is one JSON object.
 
     python -m loadtest.lora_cost [--model tiny|small|smollm2] [--requests 128] [--dtype float32|bfloat16]
 """
@@ -70,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = EngineConfig(adapters=bench.adapters, max_loras=args.max_loras, device=device, dtype=dtype)
     mixed, skipped = LLMEngine(bench.model_dir, config), LLMEngine(bench.model_dir, config)
     base = LLMEngine(bench.model_dir, replace(config, adapters={}))
+    for engine in (mixed, skipped, base):
+        engine.runner.native_layers = None
     requests = make_workload(bench.workload, mixed.info.vocab_size, list(bench.adapters))
     base_requests = [replace(r, adapter=None) for r in requests]
     for engine, work in ((mixed, requests), (skipped, requests), (base, base_requests)):

@@ -1,7 +1,10 @@
 """Where an engine step's time goes, by category, on the bench workload (`loadtest.bench_models`).
 
 Wraps the model runner's parts with wall-clock timers (the CPU path is synchronous; on CUDA each timer
-synchronizes first, which slows the run but keeps the split honest) and runs the workload once:
+synchronizes first, which slows the run but keeps the split honest) and runs the workload once, the layers
+one kernel call at a time (`ModelRunner._layers`: where the engine runs them in one native call a step,
+`kernels.decoder_native`, the timers could not see its parts, so the profile shows the Python layers'
+overhead that call saves in `model_other`):
 
 - `linear`: the base projections (`kernels.linear` in `worker.model`; SiLU too where the AMX kernel fuses it);
 - `lm_head`: the LM head, its logits or (greedy steps on a CPU) each row's pick without them;
@@ -79,6 +82,7 @@ class Timers:
 def instrument(engine: LLMEngine, timers: Timers) -> None:
     """Time `engine`'s runner by category (patches `worker.model`'s names for this process: a tool only)."""
     runner = engine.runner
+    runner.native_layers = None  # each kernel called (and timed) on its own
     for name, category in (
         ("paged_attention_decode", "attention_decode"),
         ("paged_attention_prefill", "attention_prefill"),

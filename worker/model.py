@@ -34,6 +34,8 @@ from kernels import (
     sgmv_group,
     silu_mul,
 )
+from kernels.backend import use_native
+from kernels.decoder_native import DecoderLayer, decoder_plan, decoder_run, runs_natively
 from kernels.linear import BF16_LINEAR_ENV, LinearWeight, fuses_silu, linear_silu_mul
 from kernels.linear_amx import AMXWeight
 from worker.adapter_cache import LoRAStack
@@ -105,6 +107,7 @@ class ModelRunner:
             "gate_up": {"gate_proj": 0, "up_proj": inter},
             "down": {"down_proj": 0},
         }
+        self.native_layers = self._native_layers()
 
     def forward(self, fb: ForwardBatch, lora: LoRAContext | None) -> torch.Tensor:
         """The logits of `fb.logits_indices`' rows."""
@@ -130,9 +133,26 @@ class ModelRunner:
         """The final-normed hidden states of `fb.logits_indices`' rows, each fused projection adapted by
         its group in `groups` (the step's own, `lora_groups`, or a captured graph's over static buffers,
         `worker.decode_graphs`, which leaves the LM head outside the graph)."""
-        cfg = self.cfg
-        eps = cfg.rms_norm_eps
+        eps = self.cfg.rms_norm_eps
         h = self.w.embed[fb.input_ids]  # the residual stream (a fresh tensor: updated in place)
+        if self.native_layers is not None and use_native(h):
+            loras = [groups.get(name) for name in self.lora_slices]
+            decode = fb.decode if fb.num_decode else None
+            prefill = fb.prefill if fb.num_prefill_seqs else None
+            down: torch.Tensor | None = decoder_run(
+                self.native_layers, h, fb.positions, fb.slot_mapping, fb.num_decode, decode, prefill, loras
+            )
+        else:
+            down = self._layers(h, fb, groups)
+        rows = fb.logits_indices
+        last_h = h[rows] if down is None else h[rows] + down[rows]
+        _, last = add_rms_norm(last_h, None, self.w.norm, eps)
+        return last
+
+    def _layers(self, h: torch.Tensor, fb: ForwardBatch, groups: dict[str, LoRAGroup]) -> torch.Tensor | None:
+        """The decoder layers one kernel call at a time on the residual stream h (updated in place); the last
+        layer's MLP output, not yet added."""
+        eps = self.cfg.rms_norm_eps
         down: torch.Tensor | None = None  # the previous layer's MLP output, added with the next norm
         for i, layer in enumerate(self.w.layers):
             h, x = add_rms_norm(h, down, layer.input_norm, eps)
@@ -145,10 +165,27 @@ class ModelRunner:
             act = self._mlp_act(x, layer, groups.get("gate_up"), i)
             down = linear(act, layer.down, layer.down_bias)
             self._lora(down, act, groups.get("down"), i)
-        rows = fb.logits_indices
-        last_h = h[rows] if down is None else h[rows] + down[rows]
-        _, last = add_rms_norm(last_h, None, self.w.norm, eps)
-        return last
+        return down
+
+    def _native_layers(self) -> torch.Tensor | None:
+        """The layers' plan for one native call a step (`kernels.decoder_native`) where every linear runs
+        on the AMX kernel, else None (the layers run one kernel call at a time: `_layers`). Tools that time
+        or replace `worker.model`'s kernels one by one set `native_layers` to None."""
+        cfg, kv = self.cfg, self.kv
+        layers = [
+            DecoderLayer(
+                w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate_up, w.gate_up_bias,  # type: ignore[arg-type]
+                w.down, w.down_bias, kv.k[i], kv.v[i],  # type: ignore[arg-type]
+            )
+            for i, w in enumerate(self.w.layers)
+        ]  # fmt: skip
+        if not runs_natively(layers):
+            return None
+        windows = [cfg.window(i) for i in range(len(layers))]
+        return decoder_plan(
+            layers, windows, self.rope.cos, self.rope.sin, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, eps=cfg.rms_norm_eps, scale=self.scale,
+        )  # fmt: skip
 
     def _mlp_act(self, x: torch.Tensor, layer: LayerWeights, group: LoRAGroup | None, i: int) -> torch.Tensor:
         """silu(gate) * up: in the gate/up matmul's own pass where no adapter of the step changes them

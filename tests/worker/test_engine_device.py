@@ -203,6 +203,7 @@ def test_bf16_steps_whose_adapters_leave_the_mlp_alone_take_silu_in_its_matmul(
     a greedy step's tokens are picked inside the LM head's matmul; the tokens are those of the unfused path
     with the logits computed (rows asking for logprobs) either way."""
     engines = [engine_on(zoo, dtype=torch.bfloat16)]
+    engines[0].runner.native_layers = None  # its layers one kernel call at a time, each seen here
     fused = worker.model.linear_silu_mul
     calls: list[int] = []
 
@@ -232,5 +233,6 @@ def test_bf16_steps_whose_adapters_leave_the_mlp_alone_take_silu_in_its_matmul(
     assert not calls  # gate/up adapted: the plain matmul, its adapter, then silu_mul
     monkeypatch.setattr(worker.model, "fuses_silu", lambda weight: False)
     engines.append(engine_on(zoo, dtype=torch.bfloat16))  # no prefix cache from the fused runs
+    engines[1].runner.native_layers = None
     assert [run(a, f"{a}-unfused", logprobs=0)[0] for a in (None, "qv-r8", "mlp-r32")] == [base, qv, mlp]
     assert not calls and engines[1].stats.fused_greedy_steps == 0
