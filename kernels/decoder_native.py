@@ -1,7 +1,8 @@
 """A Llama-family model's decoder layers in one native call per step (`kernels/csrc/decoder_cpu.cpp`), where
-every linear layer runs on the AMX kernel (`kernels.linear_amx`).
+every linear layer runs on the AMX kernel (`kernels.linear_amx`, bf16) or every one on oneDNN's packed
+matmul (`kernels.linear`, fp32).
 
-The call runs the kernels a Python forward calls one by one (`add_rms_norm`, `linear_amx`, `sgmv_group`,
+The call runs the kernels a Python forward calls one by one (`add_rms_norm`, `linear`, `sgmv_group`,
 `rope_write_kv`, `paged_attention_decode` / `_prefill`, `linear_amx_silu_mul` or `silu_mul`), in the same
 order on the same inputs: the same bits, without a trip through the interpreter between them (on SmolLM2,
 2.4 ms of a 15 ms one-row step and 3.9 ms of a 34 ms 64-row one were those trips; docs/BENCHMARKS.md).
@@ -16,44 +17,52 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention_meta import AttentionMeta
+from kernels.linear import LinearWeight, is_packed
 from kernels.linear_amx import AMXWeight
 from kernels.lora_meta import LoRAGroup
 
 
 @dataclass(frozen=True, slots=True)
 class DecoderLayer:
-    """One layer's tensors as the plan takes them: AMX-packed linears (gate/up gated or not), their biases
-    or None, the two norms' weights and the layer's KV caches `[NB, BS, KVH, D]` (contiguous)."""
+    """One layer's tensors as the plan takes them: the packed linears (`kernels.linear.pack_linear_weight`),
+    their biases or None, the two norms' weights and the layer's KV caches `[NB, BS, KVH, D]`."""
 
     input_norm: torch.Tensor
-    qkv: AMXWeight
+    qkv: LinearWeight
     qkv_bias: torch.Tensor | None
-    o: AMXWeight
+    o: LinearWeight
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: AMXWeight
+    gate_up: LinearWeight
     gate_up_bias: torch.Tensor | None
-    down: AMXWeight
+    down: LinearWeight
     down_bias: torch.Tensor | None
     k_cache: torch.Tensor
     v_cache: torch.Tensor
 
 
-def runs_natively(layers: Sequence[DecoderLayer]) -> bool:
-    """Whether `decoder_plan` takes these layers: every linear on the AMX kernel (q/k/v, o and down in their
-    own column order; gate/up gated in every layer or in none), contiguous CPU caches, and the native ops
-    built."""
+def _linears(layer: DecoderLayer) -> tuple[LinearWeight, ...]:
+    return layer.qkv, layer.o, layer.gate_up, layer.down
+
+
+def runs_natively(layers: Sequence[DecoderLayer], dtype: torch.dtype) -> bool:
+    """Whether `decoder_plan` takes these layers of a `dtype` model: every linear on the AMX kernel (q/k/v,
+    o and down in their own column order; gate/up gated in every layer or in none), or every one packed
+    for oneDNN in `dtype` itself (not widened), contiguous CPU caches, and the native ops built."""
     from kernels import native
 
-    def linears_fit(layer: DecoderLayer) -> bool:
+    def on_amx(layer: DecoderLayer) -> bool:
         plain = (layer.qkv, layer.o, layer.down)
         own_order = all(isinstance(w, AMXWeight) and not w.gated for w in plain)
         return own_order and isinstance(layer.gate_up, AMXWeight)
 
+    def on_onednn(layer: DecoderLayer) -> bool:
+        return all(is_packed(w) and w.dtype == dtype for w in _linears(layer))
+
     return (
         bool(layers)
-        and all(linears_fit(layer) for layer in layers)
-        and len({layer.gate_up.gated for layer in layers}) == 1
+        and (all(on_amx(layer) for layer in layers) or all(on_onednn(layer) for layer in layers))
+        and len({getattr(layer.gate_up, "gated", False) for layer in layers}) == 1
         and all(c.is_cpu and c.is_contiguous() for layer in layers for c in (layer.k_cache, layer.v_cache))
         and native.available()
         and hasattr(torch.ops.loragate_cpu, "decoder_run")
@@ -82,14 +91,20 @@ def decoder_plan(
         eps: the RMSNorms' epsilon.
         scale: the attention's softmax scale.
     """
+
+    def weight(w: LinearWeight) -> torch.Tensor:
+        return w.panels if isinstance(w, AMXWeight) else w
+
     tensors: list[torch.Tensor | None] = []
     for layer in layers:
-        tensors += [layer.input_norm, layer.qkv.panels, layer.qkv_bias, layer.o.panels, layer.o_bias]
-        tensors += [layer.post_norm, layer.gate_up.panels, layer.gate_up_bias, layer.down.panels]
+        tensors += [layer.input_norm, weight(layer.qkv), layer.qkv_bias, weight(layer.o), layer.o_bias]
+        tensors += [layer.post_norm, weight(layer.gate_up), layer.gate_up_bias, weight(layer.down)]
         tensors += [layer.down_bias, layer.k_cache, layer.v_cache]
-    inter, gated = layers[0].gate_up.out_features // 2, layers[0].gate_up.gated
+    gate_up = layers[0].gate_up
+    amx, gated = isinstance(gate_up, AMXWeight), getattr(gate_up, "gated", False)
+    inter = (gate_up.out_features if isinstance(gate_up, AMXWeight) else gate_up.shape[0]) // 2
     return torch.ops.loragate_cpu.decoder_plan(
-        tensors, [w or 0 for w in windows], cos, sin, heads, kv_heads, head_dim, inter, gated, eps, scale
+        tensors, [w or 0 for w in windows], cos, sin, heads, kv_heads, head_dim, inter, amx, gated, eps, scale
     )
 
 

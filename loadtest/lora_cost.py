@@ -35,6 +35,7 @@ class KernelsSkipped:
 
     def __init__(self, engine: LLMEngine):
         self.engine = engine
+        engine.runner.native_layers = None  # its LoRA calls through `worker.model.sgmv_group`, to replace
 
     def add_request(self, request: Request) -> None:
         self.engine.add_request(request)

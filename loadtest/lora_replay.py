@@ -52,7 +52,9 @@ class Call:
 
 
 def capture(engine: LLMEngine, warm_steps: int) -> list[Call]:
-    """`warm_steps` steps of the engine, then the next step's native `sgmv_group` calls."""
+    """`warm_steps` steps of the engine, then the next step's native `sgmv_group` calls (that step's layers
+    one kernel call at a time, `ModelRunner._layers`, so that the calls pass through Python to be recorded;
+    the same calls on the same inputs as in one native call a step)."""
     for _ in range(warm_steps):
         engine.step()
     calls: list[Call] = []
@@ -64,10 +66,12 @@ def capture(engine: LLMEngine, warm_steps: int) -> list[Call]:
         calls.append(Call(before, y.clone(), x.clone(), group, layer))
 
     kernels.sgmv_native.sgmv_group_native = record
+    layers, engine.runner.native_layers = engine.runner.native_layers, None  # each call through Python
     try:
         engine.step()
     finally:
         kernels.sgmv_native.sgmv_group_native = native
+        engine.runner.native_layers = layers
     return calls
 
 

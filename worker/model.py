@@ -169,17 +169,18 @@ class ModelRunner:
 
     def _native_layers(self) -> torch.Tensor | None:
         """The layers' plan for one native call a step (`kernels.decoder_native`) where every linear runs
-        on the AMX kernel, else None (the layers run one kernel call at a time: `_layers`). Tools that time
-        or replace `worker.model`'s kernels one by one set `native_layers` to None."""
+        on the AMX kernel or every one on oneDNN's, else None (the layers run one kernel call at a time:
+        `_layers`). Tools that time or replace `worker.model`'s kernels one by one set `native_layers` to
+        None."""
         cfg, kv = self.cfg, self.kv
         layers = [
             DecoderLayer(
-                w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate_up, w.gate_up_bias,  # type: ignore[arg-type]
-                w.down, w.down_bias, kv.k[i], kv.v[i],  # type: ignore[arg-type]
+                w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate_up, w.gate_up_bias,
+                w.down, w.down_bias, kv.k[i], kv.v[i],
             )
             for i, w in enumerate(self.w.layers)
         ]  # fmt: skip
-        if not runs_natively(layers):
+        if not runs_natively(layers, self.w.embed.dtype):
             return None
         windows = [cfg.window(i) for i in range(len(layers))]
         return decoder_plan(

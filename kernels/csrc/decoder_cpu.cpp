@@ -1,7 +1,7 @@
 // A Llama-family model's decoder layers in one native call per step, for a model whose linear layers all run on
-// the AMX kernel (`linear_amx.cpp`): the same kernels the Python forward (`worker.model.ModelRunner.hidden`)
-// calls one by one, in the same order on the same inputs, so the bits are the same, without ~10 trips a layer
-// through Python between them. Those trips cost 2.4 ms of a 15 ms one-row SmolLM2 step and 3.9 of a 34 ms
+// the AMX kernel (`linear_amx.cpp`, bf16) or all on oneDNN's packed matmul (`mkldnn::_linear_pointwise`, fp32):
+// the same kernels the Python forward (`worker.model.ModelRunner._layers`) calls one by one, in the same order
+// on the same inputs, so the bits are the same, without ~10 trips a layer through Python between them. Those trips cost 2.4 ms of a 15 ms one-row SmolLM2 step and 3.9 of a 34 ms
 // 64-row one (docs/BENCHMARKS.md): each is a few microseconds warm, many more once a kernel's memory traffic
 // has pushed the interpreter's own working set out of the caches.
 //
@@ -11,12 +11,14 @@
 // The kernels are called through the dispatcher (`loragate_cpu::*`), so each keeps its own checks.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -40,6 +42,7 @@ struct Plan {
   std::vector<int64_t> windows;  // per layer: keys a query sees (0: all)
   at::Tensor cos, sin;
   int64_t heads = 0, kv_heads = 0, head_dim = 0, qkv_out = 0, inter = 0;
+  bool amx = true;     // the linears on the AMX kernel, else on oneDNN's
   bool gated = false;  // gate/up packed gated (`kernels.linear_amx.pack_amx`): SiLU in its matmul where it can
   double eps = 0, scale = 0;
 };
@@ -55,7 +58,7 @@ const Plan& read_plan(const at::Tensor& t) {
 
 at::Tensor decoder_plan(const c10::List<OptTensor>& layers, at::IntArrayRef windows, const at::Tensor& cos,
                         const at::Tensor& sin, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
-                        bool gated, double eps, double scale) {
+                        bool amx, bool gated, double eps, double scale) {
   const int64_t n = static_cast<int64_t>(windows.size());
   TORCH_CHECK(n > 0 && static_cast<int64_t>(layers.size()) == n * LAYER_TENSORS,
               "decoder_plan: ", LAYER_TENSORS, " tensors and one window per layer");
@@ -77,7 +80,7 @@ at::Tensor decoder_plan(const c10::List<OptTensor>& layers, at::IntArrayRef wind
   plan->cos = cos, plan->sin = sin;
   plan->heads = heads, plan->kv_heads = kv_heads, plan->head_dim = head_dim, plan->inter = inter;
   plan->qkv_out = (heads + 2 * kv_heads) * head_dim;
-  plan->gated = gated, plan->eps = eps, plan->scale = scale;
+  plan->amx = amx, plan->gated = amx && gated, plan->eps = eps, plan->scale = scale;
   Plan* raw = plan.release();
   return at::from_blob(
       raw, {static_cast<int64_t>(sizeof(Plan))}, [](void* p) { delete static_cast<Plan*>(p); },
@@ -112,11 +115,26 @@ struct Ops {
       op<void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t)>("loragate_cpu::sgmv_group_run");
   c10::TypedOperatorHandle<void(at::Tensor, const at::Tensor&)> silu_mul =
       op<void(at::Tensor, const at::Tensor&)>("loragate_cpu::silu_mul");
+  c10::OperatorHandle onednn = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
 };
 
 const Ops& ops() {
   static const Ops handles;  // looked up once: the library registers every kernel before any call
   return handles;
+}
+
+// x Wᵀ + b as `kernels.linear.linear` computes it on the plan's kind of weight: `width` columns out (`mode`: the
+// AMX kernel's, 0 plain, 1 a gated weight in its own order, 2 SiLU), or oneDNN's matmul on its packed weight.
+at::Tensor linear(const Plan& plan, const at::Tensor& x, const at::Tensor& w, const OptTensor& b, int64_t width,
+                  int64_t mode) {
+  if (!plan.amx) {
+    torch::jit::Stack stack{x, w, b, std::string("none"), c10::List<std::optional<at::Scalar>>(), std::string()};
+    ops().onednn.callBoxed(&stack);
+    return stack[0].toTensor();
+  }
+  at::Tensor out = at::empty({x.size(0), width}, x.options());
+  ops().linear.call(out, x, w, b, mode);
+  return out;
 }
 
 // Every layer on h [T, hidden] (the residual stream, updated in place): rows [0, num_decode) decode rows
@@ -148,8 +166,7 @@ at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor&
     const auto& w = plan.layers[i];
     at::Tensor x = at::empty_like(h);
     k.rms_norm.call(x, h, down, *w[INPUT_NORM], plan.eps);
-    at::Tensor qkv = at::empty({t, plan.qkv_out}, opts);
-    k.linear.call(qkv, x, *w[QKV], w[QKV_BIAS], 0);
+    at::Tensor qkv = linear(plan, x, *w[QKV], w[QKV_BIAS], plan.qkv_out, 0);
     adapt(G_QKV, qkv, x, i);
     const at::Tensor &kc = *w[K_CACHE], &vc = *w[V_CACHE];
     k.rope_write_kv.call(qkv, kc, vc, plan.cos, plan.sin, positions, slot_mapping, plan.heads, plan.kv_heads,
@@ -163,22 +180,20 @@ at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor&
       k.prefill.call(attn.narrow(0, num_decode, t - num_decode), q.narrow(0, num_decode, t - num_decode), kc, vc,
                      *pre_tables, *pre_rows, *pre_lens, plan.scale, plan.windows[i]);
     at::Tensor flat = attn.view({t, q_size});
-    at::Tensor o = at::empty({t, hidden}, opts);
-    k.linear.call(o, flat, *w[O], w[O_BIAS], 0);
+    at::Tensor o = linear(plan, flat, *w[O], w[O_BIAS], hidden, 0);
     adapt(G_O, o, flat, i);
     at::Tensor x2 = at::empty_like(h);
     k.rms_norm.call(x2, h, o, *w[POST_NORM], plan.eps);
-    at::Tensor act = at::empty({t, plan.inter}, opts);
+    at::Tensor act;
     if (!plan.gated || (lora[G_GATE_UP].has_value() && lora[G_GATE_UP]->defined())) {  // adapters first
-      at::Tensor gate_up = at::empty({t, 2 * plan.inter}, opts);
-      k.linear.call(gate_up, x2, *w[GATE_UP], w[GATE_UP_BIAS], plan.gated ? 1 : 0);
+      at::Tensor gate_up = linear(plan, x2, *w[GATE_UP], w[GATE_UP_BIAS], 2 * plan.inter, plan.gated ? 1 : 0);
       adapt(G_GATE_UP, gate_up, x2, i);
+      act = at::empty({t, plan.inter}, opts);
       k.silu_mul.call(act, gate_up);
     } else {
-      k.linear.call(act, x2, *w[GATE_UP], w[GATE_UP_BIAS], 2);
+      act = linear(plan, x2, *w[GATE_UP], w[GATE_UP_BIAS], plan.inter, 2);
     }
-    at::Tensor d = at::empty({t, hidden}, opts);
-    k.linear.call(d, act, *w[DOWN], w[DOWN_BIAS], 0);
+    at::Tensor d = linear(plan, act, *w[DOWN], w[DOWN_BIAS], hidden, 0);
     adapt(G_DOWN, d, act, i);
     down = d;
   }
@@ -189,10 +204,11 @@ at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor&
 
 TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
   m.def("decoder_plan(Tensor?[] layers, int[] windows, Tensor cos, Tensor sin, int heads, int kv_heads, "
-        "int head_dim, int inter, bool gated, float eps, float scale) -> Tensor");
+        "int head_dim, int inter, bool amx, bool gated, float eps, float scale) -> Tensor");
   m.def("decoder_run(Tensor(a!) h, Tensor plan, Tensor positions, Tensor slot_mapping, int num_decode, "
         "Tensor? dec_tables, Tensor? dec_lens, Tensor? pre_tables, Tensor? pre_rows, Tensor? pre_lens, "
         "Tensor?[] loras) -> Tensor");
-  m.impl("decoder_plan", c10::DispatchKey::CPU, &decoder_plan);
+  // Any backend: oneDNN's packed weights are tensors of their own layout (MkldnnCPU).
+  m.impl("decoder_plan", c10::DispatchKey::CompositeExplicitAutograd, &decoder_plan);
   m.impl("decoder_run", c10::DispatchKey::CPU, &decoder_run);
 }

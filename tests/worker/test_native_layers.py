@@ -1,7 +1,7 @@
-"""The decoder layers in one native call a step (`kernels.decoder_native`, where every linear runs on AMX)
-against the same layers one kernel call at a time (`ModelRunner._layers`): the same hidden states bit for
-bit, every step of a run that mixes prefill chunks, decode rows, prefix-cache hits, adapters on every
-projection group and none, biases and a sliding window."""
+"""The decoder layers in one native call a step (`kernels.decoder_native`: every linear on AMX in bf16, or
+on oneDNN's packed matmul in fp32) against the same layers one kernel call at a time
+(`ModelRunner._layers`): the same hidden states bit for bit, every step of a run that mixes prefill chunks,
+decode rows, prefix-cache hits, adapters on every projection group and none, biases and a sliding window."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ import pytest
 import torch
 
 from kernels.decoder_native import decoder_run
+from kernels.linear import is_packed
 from kernels.sgmv_native import amx_ready
 from loragate.types import Request, SamplingParams
 from tests.worker.test_engine_parity import QWEN2_WINDOW, windowed_copy
 from worker.config import EngineConfig
 from worker.engine import LLMEngine
 from worker.modelzoo.make import ZooPaths
-
-needs_amx = pytest.mark.skipif(not amx_ready(), reason="no AMX tiles on this CPU (or not granted)")
 
 
 def checkpoint(zoo: ZooPaths, family: str, tmp: Path) -> tuple[Path, dict[str, Path]]:
@@ -48,16 +47,20 @@ def workload(vocab: int, adapters: list[str]) -> list[Request]:
     ]
 
 
-@needs_amx
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("family", ["llama", "qwen2-window"])
 def test_one_native_call_a_step_gives_the_python_layers_bits(
-    zoo: ZooPaths, family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    zoo: ZooPaths, family: str, dtype: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if dtype == torch.bfloat16 and not amx_ready():
+        pytest.skip("no AMX tiles on this CPU (or not granted): bf16 keeps the Python layers")
     model, adapters = checkpoint(zoo, family, tmp_path)
     # A 48-token budget: prompts in chunks, decode rows beside them, a step's adapters of every group.
-    config = EngineConfig(adapters=adapters, dtype=torch.bfloat16, max_num_batched_tokens=48)
+    config = EngineConfig(adapters=adapters, dtype=dtype, max_num_batched_tokens=48)
     engine = LLMEngine(model, config)
     runner = engine.runner
+    if dtype == torch.float32 and not is_packed(runner.w.layers[0].qkv):
+        pytest.skip("oneDNN does not pack fp32 weights here: fp32 keeps the Python layers")
     plan = runner.native_layers
     assert plan is not None
     layers_in_python = runner._layers
@@ -90,20 +93,21 @@ def test_one_native_call_a_step_gives_the_python_layers_bits(
     assert [c.token_ids for c in native.generate(requests)] == tokens
 
 
-def test_fp32_models_keep_the_python_layers(zoo: ZooPaths) -> None:
-    """Only AMX-packed bf16 linears take the native layers (fp32 runs oneDNN's matmul)."""
-    engine = LLMEngine(zoo.base("tiny"), EngineConfig(dtype=torch.float32))
+def test_fp16_models_keep_the_python_layers(zoo: ZooPaths) -> None:
+    """Linears neither on AMX nor packed for oneDNN (fp16 stays plain) run one kernel call at a time."""
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig(dtype=torch.float16))
     assert engine.runner.native_layers is None
     assert engine.generate([Request("a", (9, 10, 11), SamplingParams(max_tokens=2, ignore_eos=True))])
 
 
-@needs_amx
 def test_a_run_refuses_anything_but_a_plan(zoo: ZooPaths) -> None:
-    engine = LLMEngine(zoo.base("tiny"), EngineConfig(dtype=torch.bfloat16))
-    h = torch.zeros(1, engine.runner.cfg.hidden_size, dtype=torch.bfloat16)
+    engine = LLMEngine(zoo.base("tiny"), EngineConfig(dtype=torch.float32))
+    if engine.runner.native_layers is None:
+        pytest.skip("no native layers here")
+    h = torch.zeros(1, engine.runner.cfg.hidden_size)
     ints = torch.zeros(1, dtype=torch.int64)
     fake = torch.zeros_like(engine.runner.native_layers)
     with pytest.raises(RuntimeError, match="not a plan made by decoder_plan"):
         torch.ops.loragate_cpu.decoder_run(h, fake, ints, ints, 1, None, None, None, None, None, [None] * 4)
     with pytest.raises(RuntimeError, match="one window per layer"):
-        torch.ops.loragate_cpu.decoder_plan([None] * 5, [0], ints, ints, 1, 1, 1, 1, True, 1e-6, 1.0)
+        torch.ops.loragate_cpu.decoder_plan([None] * 5, [0], ints, ints, 1, 1, 1, 1, True, True, 1e-6, 1.0)
