@@ -12,65 +12,59 @@ order on the same inputs: the same bits, without a trip through the interpreter 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from kernels.attention_meta import AttentionMeta
-from kernels.linear import LinearWeight, is_packed
+from kernels.linear import is_packed
 from kernels.linear_amx import AMXWeight
 from kernels.lora_meta import LoRAGroup
 
-
-@dataclass(frozen=True, slots=True)
-class DecoderLayer:
-    """One layer's tensors as the plan takes them: the packed linears (`kernels.linear.pack_linear_weight`),
-    their biases or None, the two norms' weights and the layer's KV caches `[NB, BS, KVH, D]`."""
-
-    input_norm: torch.Tensor
-    qkv: LinearWeight
-    qkv_bias: torch.Tensor | None
-    o: LinearWeight
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate_up: LinearWeight
-    gate_up_bias: torch.Tensor | None
-    down: LinearWeight
-    down_bias: torch.Tensor | None
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
+# One layer's tensors in the plan's order (`Slot` in `kernels/csrc/decoder_cpu.cpp`), by the names a layer's
+# weights carry (`worker.loader.LayerWeights`): the packed linears (`kernels.linear.pack_linear_weight`),
+# their biases or None and the norms' weights; `layer_tensors` adds the layer's KV caches `[NB, BS, KVH, D]`.
+ATTENTION_WEIGHTS = ("input_norm", "qkv", "qkv_bias", "o", "o_bias")
+WEIGHTS = (*ATTENTION_WEIGHTS, "post_norm", "gate_up", "gate_up_bias", "down", "down_bias")
+QKV, O_PROJ, GATE_UP, DOWN, K_CACHE, V_CACHE = 1, 3, 6, 8, 10, 11
+Layer = tuple[torch.Tensor | AMXWeight | None, ...]
 
 
-def _linears(layer: DecoderLayer) -> tuple[LinearWeight, ...]:
-    return layer.qkv, layer.o, layer.gate_up, layer.down
+def layer_tensors(weights: object, k_cache: torch.Tensor, v_cache: torch.Tensor) -> Layer:
+    """A layer as the plan takes it: `weights`' tensors named in `WEIGHTS`, then its caches."""
+    return (*(getattr(weights, name) for name in WEIGHTS), k_cache, v_cache)
 
 
-def runs_natively(layers: Sequence[DecoderLayer], dtype: torch.dtype) -> bool:
+def runs_natively(layers: Sequence[Layer], dtype: torch.dtype) -> bool:
     """Whether `decoder_plan` takes these layers of a `dtype` model: every linear on the AMX kernel (q/k/v,
     o and down in their own column order; gate/up gated in every layer or in none), or every one packed
     for oneDNN in `dtype` itself (not widened), contiguous CPU caches, and the native ops built."""
     from kernels import native
 
-    def on_amx(layer: DecoderLayer) -> bool:
-        plain = (layer.qkv, layer.o, layer.down)
-        own_order = all(isinstance(w, AMXWeight) and not w.gated for w in plain)
-        return own_order and isinstance(layer.gate_up, AMXWeight)
+    def on_amx(layer: Layer) -> bool:
+        own_order = all(
+            isinstance(w, AMXWeight) and not w.gated for w in (layer[QKV], layer[O_PROJ], layer[DOWN])
+        )
+        return own_order and isinstance(layer[GATE_UP], AMXWeight)
 
-    def on_onednn(layer: DecoderLayer) -> bool:
-        return all(is_packed(w) and w.dtype == dtype for w in _linears(layer))
+    def on_onednn(layer: Layer) -> bool:
+        linears = (layer[QKV], layer[O_PROJ], layer[GATE_UP], layer[DOWN])
+        return all(isinstance(w, torch.Tensor) and is_packed(w) and w.dtype == dtype for w in linears)
+
+    def cache_fits(c: object) -> bool:
+        return isinstance(c, torch.Tensor) and c.is_cpu and c.is_contiguous()
 
     return (
         bool(layers)
         and (all(on_amx(layer) for layer in layers) or all(on_onednn(layer) for layer in layers))
-        and len({getattr(layer.gate_up, "gated", False) for layer in layers}) == 1
-        and all(c.is_cpu and c.is_contiguous() for layer in layers for c in (layer.k_cache, layer.v_cache))
+        and len({getattr(layer[GATE_UP], "gated", False) for layer in layers}) == 1
+        and all(cache_fits(layer[K_CACHE]) and cache_fits(layer[V_CACHE]) for layer in layers)
         and native.available()
         and hasattr(torch.ops.loragate_cpu, "decoder_run")
     )
 
 
 def decoder_plan(
-    layers: Sequence[DecoderLayer],
+    layers: Sequence[Layer],
     windows: Sequence[int | None],
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -84,25 +78,18 @@ def decoder_plan(
     """The model's layers laid out once for `decoder_run` (a byte tensor that holds its tensors).
 
     Args:
-        layers: every decoder layer, in order (`runs_natively` must hold).
+        layers: every decoder layer (`layer_tensors`), in order (`runs_natively` must hold).
         windows: per layer, the keys a query sees (its own included), or None for all.
         cos, sin: the RoPE tables `[max_positions, head_dim]` in the model's dtype.
         heads, kv_heads, head_dim: the attention's shape.
         eps: the RMSNorms' epsilon.
         scale: the attention's softmax scale.
     """
-
-    def weight(w: LinearWeight) -> torch.Tensor:
-        return w.panels if isinstance(w, AMXWeight) else w
-
-    tensors: list[torch.Tensor | None] = []
-    for layer in layers:
-        tensors += [layer.input_norm, weight(layer.qkv), layer.qkv_bias, weight(layer.o), layer.o_bias]
-        tensors += [layer.post_norm, weight(layer.gate_up), layer.gate_up_bias, weight(layer.down)]
-        tensors += [layer.down_bias, layer.k_cache, layer.v_cache]
-    gate_up = layers[0].gate_up
-    amx, gated = isinstance(gate_up, AMXWeight), getattr(gate_up, "gated", False)
-    inter = (gate_up.out_features if isinstance(gate_up, AMXWeight) else gate_up.shape[0]) // 2
+    tensors = [t.panels if isinstance(t, AMXWeight) else t for layer in layers for t in layer]
+    gate_up = layers[0][GATE_UP]
+    amx = isinstance(gate_up, AMXWeight)
+    gated = amx and gate_up.gated  # type: ignore[union-attr]
+    inter = (gate_up.out_features if isinstance(gate_up, AMXWeight) else gate_up.shape[0]) // 2  # type: ignore[union-attr]
     return torch.ops.loragate_cpu.decoder_plan(
         tensors, [w or 0 for w in windows], cos, sin, heads, kv_heads, head_dim, inter, amx, gated, eps, scale
     )

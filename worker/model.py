@@ -35,7 +35,7 @@ from kernels import (
     silu_mul,
 )
 from kernels.backend import use_native
-from kernels.decoder_native import DecoderLayer, decoder_plan, decoder_run, runs_natively
+from kernels.decoder_native import decoder_plan, decoder_run, layer_tensors, runs_natively
 from kernels.linear import BF16_LINEAR_ENV, LinearWeight, fuses_silu, linear_silu_mul
 from kernels.linear_amx import AMXWeight
 from worker.adapter_cache import LoRAStack
@@ -173,13 +173,7 @@ class ModelRunner:
         `_layers`). Tools that time or replace `worker.model`'s kernels one by one set `native_layers` to
         None."""
         cfg, kv = self.cfg, self.kv
-        layers = [
-            DecoderLayer(
-                w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate_up, w.gate_up_bias,
-                w.down, w.down_bias, kv.k[i], kv.v[i],
-            )
-            for i, w in enumerate(self.w.layers)
-        ]  # fmt: skip
+        layers = [layer_tensors(w, kv.k[i], kv.v[i]) for i, w in enumerate(self.w.layers)]
         if not runs_natively(layers, self.w.embed.dtype):
             return None
         windows = [cfg.window(i) for i in range(len(layers))]
