@@ -1,9 +1,10 @@
 // A Llama-family model's decoder layers in one native call per step, for a model whose linear layers all run on
 // the AMX kernel (`linear_amx.cpp`, bf16) or all on oneDNN's packed matmul (`mkldnn::_linear_pointwise`, fp32):
 // the same kernels the Python forward (`worker.model.ModelRunner._layers`) calls one by one, in the same order
-// on the same inputs, so the bits are the same, without ~10 trips a layer through Python between them. Those trips cost 2.4 ms of a 15 ms one-row SmolLM2 step and 3.9 of a 34 ms
-// 64-row one (docs/BENCHMARKS.md): each is a few microseconds warm, many more once a kernel's memory traffic
-// has pushed the interpreter's own working set out of the caches.
+// on the same inputs, so the bits are the same, without ~10 trips a layer through Python between them. Those
+// trips cost 2.4 ms of a 15 ms one-row SmolLM2 bf16 step and 3.9 of a 34 ms 64-row one (docs/BENCHMARKS.md):
+// each is a few microseconds warm, many more once a kernel's memory traffic has pushed the interpreter's own
+// working set out of the caches.
 //
 // `decoder_plan` takes the layers' tensors once (weights, norms, biases, KV caches, RoPE tables) into a plan
 // held as a byte tensor (as `sgmv_group_plan` does); `decoder_run` runs every layer on one step's residual
@@ -154,13 +155,14 @@ at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor&
   TORCH_CHECK(num_decode == t || (pre_tables.has_value() && pre_rows.has_value() && pre_lens.has_value()),
               "decoder_run: prefill rows need their block tables, rows and lengths");
   TORCH_CHECK(loras.size() == GROUPS, "decoder_run: one LoRA plan (or None) per group: qkv, o, gate_up, down");
-  std::array<OptTensor, GROUPS> lora;
-  for (int64_t g = 0; g < GROUPS; ++g) lora[g] = loras.get(g);
-  auto adapt = [&](int64_t g, const at::Tensor& y, const at::Tensor& x, int64_t i) {
-    if (lora[g].has_value() && lora[g]->defined()) ops().lora.call(y, x, *lora[g], i);
-  };
   const Ops& k = ops();
   const auto opts = h.options();
+  std::array<OptTensor, GROUPS> lora;
+  for (int64_t g = 0; g < GROUPS; ++g) lora[g] = loras.get(g);
+  auto adapted = [&](int64_t g) { return lora[g].has_value() && lora[g]->defined(); };
+  auto adapt = [&](int64_t g, const at::Tensor& y, const at::Tensor& x, int64_t i) {
+    if (adapted(g)) k.lora.call(y, x, *lora[g], i);
+  };
   OptTensor down;
   for (int64_t i = 0; i < static_cast<int64_t>(plan.layers.size()); ++i) {
     const auto& w = plan.layers[i];
@@ -185,7 +187,7 @@ at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor&
     at::Tensor x2 = at::empty_like(h);
     k.rms_norm.call(x2, h, o, *w[POST_NORM], plan.eps);
     at::Tensor act;
-    if (!plan.gated || (lora[G_GATE_UP].has_value() && lora[G_GATE_UP]->defined())) {  // adapters first
+    if (!plan.gated || adapted(G_GATE_UP)) {  // the adapters change gate/up before the SiLU
       at::Tensor gate_up = linear(plan, x2, *w[GATE_UP], w[GATE_UP_BIAS], 2 * plan.inter, plan.gated ? 1 : 0);
       adapt(G_GATE_UP, gate_up, x2, i);
       act = at::empty({t, plan.inter}, opts);

@@ -13,9 +13,9 @@
 // k = kb * 32 + 2 i + e (i < 16, e < 2) at [h * 512 + i * 32 + c * 2 + e] (AMX's pairs of k per column),
 // zero past the weight's N columns and K values. Per block of 32 rows (16 for an odd last block) and panel,
 // four tiles of fp32 sums (2 row tiles x 2 column tiles) run over k in order; the sums plus the bias are
-// rounded to bf16 once, while the tiles compute the next block (two buffers, `Blocks`). A row's result never depends on
-// the rows around it. The rows past a multiple of 16 are read from a zero-padded copy (at most 15 rows); a K
-// that is no multiple of 32 takes a padded copy of x. A decode-sized call (up to `BIG_ROWS` rows) runs each
+// rounded to bf16 once, while the tiles compute the next block (two buffers, `Blocks`). A row's result never
+// depends on the rows around it. The rows past a multiple of 16 are read from a zero-padded copy (at most 15
+// rows); a K that is no multiple of 32 takes a padded copy of x. A decode-sized call (up to `BIG_ROWS` rows) runs each
 // panel over every block of rows; a prefill-sized one takes its panels in groups of at most `GROUP_BYTES`
 // (which stay in L2) and runs each block of 32 rows over every panel of a group, the panels' tiles loaded
 // with the non-temporal hint so that the block's x stays in L1 (30 SmolLM2 layers at 2,048 rows: 136-147 ms
