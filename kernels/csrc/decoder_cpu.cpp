@@ -7,13 +7,16 @@
 // working set out of the caches.
 //
 // `decoder_plan` takes the layers' tensors once (weights, norms, biases, KV caches, RoPE tables) into a plan
-// held as a byte tensor (as `sgmv_group_plan` does); `decoder_run` runs every layer on one step's residual
-// stream h, with the step's attention metadata and, for an adapted step, each fused projection's LoRA plan.
+// held as a byte tensor (`plan_tensor.h`, as `sgmv_group_plan`'s); `decoder_run` runs every layer on one
+// step's residual stream h, with the step's attention metadata and, for an adapted step, each fused
+// projection's LoRA plan.
 // The kernels are called through the dispatcher (`loragate_cpu::*`), so each keeps its own checks.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
+
+#include "plan_tensor.h"
 
 #include <array>
 #include <cstdint>
@@ -49,12 +52,7 @@ struct Plan {
 };
 
 const Plan& read_plan(const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kByte && t.dim() == 1 &&
-                  t.size(0) == static_cast<int64_t>(sizeof(Plan)) && t.storage_offset() == 0,
-              "decoder_run: not a plan made by decoder_plan");
-  const auto* plan = static_cast<const Plan*>(t.const_data_ptr());
-  TORCH_CHECK(plan->magic == PLAN_MAGIC && plan->self == plan, "decoder_run: not a plan made by decoder_plan");
-  return *plan;
+  return loragate::read_plan<Plan>(t, PLAN_MAGIC, "decoder_run: not a plan made by decoder_plan");
 }
 
 at::Tensor decoder_plan(const c10::List<OptTensor>& layers, at::IntArrayRef windows, const at::Tensor& cos,
@@ -82,10 +80,7 @@ at::Tensor decoder_plan(const c10::List<OptTensor>& layers, at::IntArrayRef wind
   plan->heads = heads, plan->kv_heads = kv_heads, plan->head_dim = head_dim, plan->inter = inter;
   plan->qkv_out = (heads + 2 * kv_heads) * head_dim;
   plan->amx = amx, plan->gated = amx && gated, plan->eps = eps, plan->scale = scale;
-  Plan* raw = plan.release();
-  return at::from_blob(
-      raw, {static_cast<int64_t>(sizeof(Plan))}, [](void* p) { delete static_cast<Plan*>(p); },
-      at::TensorOptions().dtype(at::kByte));
+  return loragate::plan_tensor(std::move(plan));
 }
 
 // The kernels, as registered (each typed with its kernel's own C++ signature).

@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "plan_tensor.h"
 #include "prefetch_ahead.h"
 #include "sgmv_amx.h"
 #include "sgmv_common.h"
@@ -213,8 +214,8 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
 // each layer's call then passes three tensors through the dispatcher instead of three lists of tensors, two
 // tables and a list of offsets, and does no per-module checks (per call, the dispatch and the checks cost
 // more than a decode step's small adapters' arithmetic). The plan is a byte tensor whose memory is the
-// `Plan` itself, freed with the tensor: it holds the tensors it points into, so its addresses stay valid
-// for as long as it lives. (A custom class would do the same, but passing one from Python costs ~15 us.)
+// `Plan` itself (`plan_tensor.h`): it holds the tensors it points into, so its addresses stay valid for as
+// long as it lives. (A custom class would do the same, but passing one from Python costs ~15 us.)
 constexpr uint64_t PLAN_MAGIC = 0x6c6f726167617465ULL;
 
 struct Plan {
@@ -231,12 +232,7 @@ struct Plan {
 };
 
 const Plan& read_plan(const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kByte && t.dim() == 1 &&
-                  t.size(0) == static_cast<int64_t>(sizeof(Plan)) && t.storage_offset() == 0,
-              "sgmv_group: not a plan made by sgmv_group_plan");
-  const auto* plan = static_cast<const Plan*>(t.const_data_ptr());
-  TORCH_CHECK(plan->magic == PLAN_MAGIC && plan->self == plan, "sgmv_group: not a plan made by sgmv_group_plan");
-  return *plan;
+  return loragate::read_plan<Plan>(t, PLAN_MAGIC, "sgmv_group: not a plan made by sgmv_group_plan");
 }
 
 at::Tensor sgmv_group_plan(at::TensorList a, at::TensorList b, at::TensorList pairs, const at::Tensor& ranks,
@@ -303,10 +299,7 @@ at::Tensor sgmv_group_plan(at::TensorList a, at::TensorList b, at::TensorList pa
     if (!used) continue;
     for (int64_t t = start; t < end; t += CHUNK) plan->work.push_back({t, slot, std::min(CHUNK, end - t)});
   }
-  Plan* raw = plan.release();
-  return at::from_blob(
-      raw, {static_cast<int64_t>(sizeof(Plan))}, [](void* p) { delete static_cast<Plan*>(p); },
-      at::TensorOptions().dtype(at::kByte));
+  return loragate::plan_tensor(std::move(plan));
 }
 
 void run(at::Tensor& y, const at::Tensor& x, const Plan* plan, int64_t layer) {
