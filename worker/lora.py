@@ -154,4 +154,14 @@ def _stack_module(
         r = a.shape[0]
         a_stack[layer, :r] = a.to(dtype)
         b_stack[layer, :, :r] = b.to(dtype) * (scale / ref_scale) if scale != ref_scale else b.to(dtype)
+    # In the serving dtype (a large fp32 value is inf in fp16): a NaN or inf weight makes the adapter's
+    # outputs meaningless, and the bf16 kernel that adds several adapters' products in one tile multiplies
+    # each adapter's B by zeros for the other adapters' rows (`kernels/csrc/linear_amx_lora.h`): 0 x inf
+    # would reach them. Refused here, with the layer that has it.
+    for layer, _, _, _ in pairs:
+        if not (torch.isfinite(a_stack[layer]).all() and torch.isfinite(b_stack[layer]).all()):
+            raise AdapterError(
+                f"{path}: layer {layer} {module}: weights not finite in {dtype} (NaN or inf): a broken "
+                "adapter"
+            )
     return ModuleLoRA(a=a_stack, b=b_stack, scale=ref_scale)

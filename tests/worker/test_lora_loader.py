@@ -68,6 +68,8 @@ def test_alpha_pattern_is_folded_per_layer(zoo: ZooPaths, tmp_path: Path) -> Non
         ("embedding_key", "unsupported adapter tensor"),
         ("wrong_shape", "do not fit the base model"),
         ("missing_pair", "without its pair"),
+        ("nan_weight", "not finite"),
+        ("inf_weight", "not finite"),
     ],
 )
 def test_bad_adapter_files_give_clear_errors(
@@ -99,6 +101,9 @@ def test_bad_adapter_files_give_clear_errors(
             tensors["base_model.model.model.embed_tokens.lora_embedding_A"] = torch.zeros(4, 4)
         elif damage == "wrong_shape":
             tensors[key] = torch.zeros(tensors[key].shape[0], 7)
+        elif damage in ("nan_weight", "inf_weight"):  # one bad value in one layer's lora_B
+            b_key = next(k for k in tensors if "v_proj.lora_B" in k)
+            tensors[b_key][3, 0] = float("nan") if damage == "nan_weight" else float("inf")
         else:
             del tensors[key]
         save_file(tensors, str(weights))
