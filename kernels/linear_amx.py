@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.lora_meta import LoRAGroup
+
 PANEL = 32  # output columns a panel
 KBLOCK = 32  # values of k a tile row
 
@@ -104,6 +106,56 @@ def linear_amx_silu_mul(x: torch.Tensor, weight: AMXWeight, bias: torch.Tensor |
     if not weight.gated:
         raise ValueError("linear_amx_silu_mul: a weight packed gated")
     return _run(x, weight, bias, weight.out_features // 2, 2)
+
+
+def lora_in_tiles(group: LoRAGroup) -> bool:
+    """Whether `group`'s adapters can go inside the AMX linear (`linear_amx_lora`): every projection's B
+    kept in rank pairs, every rank the step uses one AMX's tiles take, bf16, AMX allowed here."""
+    from kernels import native
+
+    return native.available() and bool(torch.ops.loragate_cpu.sgmv_group_tiles(group.native_plan))
+
+
+def linear_amx_lora(
+    x: torch.Tensor,
+    weight: AMXWeight,
+    bias: torch.Tensor | None,
+    group: LoRAGroup,
+    *,
+    layer: int,
+    silu: bool = False,
+) -> torch.Tensor:
+    """`linear_amx` plus `group`'s adapters (`lora_in_tiles(group)` must hold), or with `silu` (a gated
+    weight) `linear_amx_silu_mul` with the adapters added before the SiLU; a new tensor.
+
+    Semantics: `linear_amx(x, weight, bias)` then `kernels.sgmv.sgmv_group(y, x, group, layer=layer)` (then
+    `silu_mul`), bit for bit: v = bf16(scale * x Aᵀ) per adapted row (`sgmv_group_shrink`), then each
+    block's LoRA sums v Bᵀ from the tiles right after its own multiplies, `bf16(bf16(x Wᵀ + b) + v Bᵀ)`
+    written once (`kernels/csrc/linear_amx_lora.h`).
+
+    Args:
+        x: the input rows, bf16, unit stride along `in_features`; the group's rows are its first rows.
+            Shape: [num_rows, in_features]
+        weight: from `pack_amx` (gated: the group's column offsets are in the weight's own order).
+            Shape: [out_features, in_features]
+        bias: the bias (any float dtype), or None.
+            Shape: [out_features]
+        group: the step's adapters of this projection (offsets into the output's columns).
+        layer: the layer whose adapter weights apply.
+        silu: `silu(g) * u` out, half as wide (a weight packed gated).
+    """
+    if silu and not weight.gated:
+        raise ValueError("linear_amx_lora: the SiLU needs a weight packed gated")
+    x = _rows(x)
+    plan = group.native_plan
+    v = torch.ops.loragate_cpu.sgmv_group_v(plan, x.shape[0])
+    torch.ops.loragate_cpu.sgmv_group_shrink(v, x, plan, layer)
+    mode = 2 if silu else 1 if weight.gated else 0
+    out = torch.empty(
+        x.shape[0], weight.out_features // 2 if silu else weight.out_features, dtype=torch.bfloat16
+    )
+    torch.ops.loragate_cpu.linear_amx_lora(out, x, weight.panels, bias, mode, v, plan, layer)
+    return out
 
 
 def linear_amx_argmax(x: torch.Tensor, weight: AMXWeight) -> torch.Tensor:

@@ -40,6 +40,7 @@ SOURCES = tuple(
         "paged_decode_cpu.cpp",
         "sgmv_cpu.cpp",
         "sgmv_group_cpu.cpp",
+        "sgmv_group_shrink_cpu.cpp",
         "glue_cpu.cpp",
         "lm_head_cpu.cpp",
         "linear_amx.cpp",

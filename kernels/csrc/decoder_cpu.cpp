@@ -17,7 +17,9 @@
 #include <torch/library.h>
 
 #include "plan_tensor.h"
+#include "sgmv_group_plan.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -109,6 +111,14 @@ struct Ops {
                         const at::Tensor&, const at::Tensor&, double, int64_t)>("loragate_cpu::paged_prefill");
   c10::TypedOperatorHandle<void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t)> lora =
       op<void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t)>("loragate_cpu::sgmv_group_run");
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, int64_t)> v =
+      op<at::Tensor(const at::Tensor&, int64_t)>("loragate_cpu::sgmv_group_v");
+  c10::TypedOperatorHandle<void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t)> shrink =
+      op<void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t)>("loragate_cpu::sgmv_group_shrink");
+  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, int64_t,
+                                const at::Tensor&, const at::Tensor&, int64_t)>
+      linear_lora = op<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, int64_t,
+                            const at::Tensor&, const at::Tensor&, int64_t)>("loragate_cpu::linear_amx_lora");
   c10::TypedOperatorHandle<void(at::Tensor, const at::Tensor&)> silu_mul =
       op<void(at::Tensor, const at::Tensor&)>("loragate_cpu::silu_mul");
   c10::OperatorHandle onednn = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
@@ -155,15 +165,33 @@ at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor&
   std::array<OptTensor, GROUPS> lora;
   for (int64_t g = 0; g < GROUPS; ++g) lora[g] = loras.get(g);
   auto adapted = [&](int64_t g) { return lora[g].has_value() && lora[g]->defined(); };
+  // A group whose adapters run on AMX tiles, its rows in long runs of one slot (a prefill's prompts), goes
+  // inside the AMX linear (`linear_amx_lora.h`): its rows' shrinks into v (zeros elsewhere: each layer
+  // writes the same entries), then one matmul that adds them; the same bits as `sgmv_group_run` after it.
+  std::array<at::Tensor, GROUPS> v;
+  for (int64_t g = 0; g < GROUPS; ++g) {
+    if (!plan.amx || !adapted(g)) continue;
+    const auto& group = loragate_sgmv_group::read_plan(*lora[g]);
+    if (group.tiles && group.long_runs) v[g] = k.v.call(*lora[g], t);
+  }
   auto adapt = [&](int64_t g, const at::Tensor& y, const at::Tensor& x, int64_t i) {
-    if (adapted(g)) k.lora.call(y, x, *lora[g], i);
+    if (adapted(g) && !v[g].defined()) k.lora.call(y, x, *lora[g], i);
+  };
+  // x Wᵀ + b (`linear`), with group g's adapters inside the matmul where they run on tiles.
+  auto project = [&](int64_t g, const at::Tensor& x, const at::Tensor& w, const OptTensor& b, int64_t width,
+                     int64_t mode, int64_t i) {
+    if (!v[g].defined()) return linear(plan, x, w, b, width, mode);
+    k.shrink.call(v[g], x, *lora[g], i);
+    at::Tensor out = at::empty({x.size(0), width}, x.options());
+    k.linear_lora.call(out, x, w, b, mode, v[g], *lora[g], i);
+    return out;
   };
   OptTensor down;
   for (int64_t i = 0; i < static_cast<int64_t>(plan.layers.size()); ++i) {
     const auto& w = plan.layers[i];
     at::Tensor x = at::empty_like(h);
     k.rms_norm.call(x, h, down, *w[INPUT_NORM], plan.eps);
-    at::Tensor qkv = linear(plan, x, *w[QKV], w[QKV_BIAS], plan.qkv_out, 0);
+    at::Tensor qkv = project(G_QKV, x, *w[QKV], w[QKV_BIAS], plan.qkv_out, 0, i);
     adapt(G_QKV, qkv, x, i);
     const at::Tensor &kc = *w[K_CACHE], &vc = *w[V_CACHE];
     k.rope_write_kv.call(qkv, kc, vc, plan.cos, plan.sin, positions, slot_mapping, plan.heads, plan.kv_heads,
@@ -177,20 +205,20 @@ at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor&
       k.prefill.call(attn.narrow(0, num_decode, t - num_decode), q.narrow(0, num_decode, t - num_decode), kc, vc,
                      *pre_tables, *pre_rows, *pre_lens, plan.scale, plan.windows[i]);
     at::Tensor flat = attn.view({t, q_size});
-    at::Tensor o = linear(plan, flat, *w[O], w[O_BIAS], hidden, 0);
+    at::Tensor o = project(G_O, flat, *w[O], w[O_BIAS], hidden, 0, i);
     adapt(G_O, o, flat, i);
     at::Tensor x2 = at::empty_like(h);
     k.rms_norm.call(x2, h, o, *w[POST_NORM], plan.eps);
     at::Tensor act;
-    if (!plan.gated || adapted(G_GATE_UP)) {  // the adapters change gate/up before the SiLU
-      at::Tensor gate_up = linear(plan, x2, *w[GATE_UP], w[GATE_UP_BIAS], 2 * plan.inter, plan.gated ? 1 : 0);
+    if (!plan.gated || (adapted(G_GATE_UP) && !v[G_GATE_UP].defined())) {  // adapters before the SiLU pass
+      at::Tensor gate_up = project(G_GATE_UP, x2, *w[GATE_UP], w[GATE_UP_BIAS], 2 * plan.inter, plan.gated ? 1 : 0, i);
       adapt(G_GATE_UP, gate_up, x2, i);
       act = at::empty({t, plan.inter}, opts);
       k.silu_mul.call(act, gate_up);
-    } else {
-      act = linear(plan, x2, *w[GATE_UP], w[GATE_UP_BIAS], plan.inter, 2);
+    } else {  // the SiLU in the matmul, after the adapters where they run inside it
+      act = project(G_GATE_UP, x2, *w[GATE_UP], w[GATE_UP_BIAS], plan.inter, 2, i);
     }
-    at::Tensor d = linear(plan, act, *w[DOWN], w[DOWN_BIAS], hidden, 0);
+    at::Tensor d = project(G_DOWN, act, *w[DOWN], w[DOWN_BIAS], hidden, 0, i);
     adapt(G_DOWN, d, act, i);
     down = d;
   }

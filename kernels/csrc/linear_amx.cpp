@@ -38,151 +38,14 @@
 #include <utility>
 #include <vector>
 
-#include "linear_amx_out.h"
+#include "linear_amx_blocks.h"
 #include "sgmv_amx.h"
 
 namespace {
 
-using bf16 = at::BFloat16;
-constexpr int64_t PANEL = 32;      // output columns a panel
-constexpr int64_t KBLOCK = 32;     // k values a tile row
-constexpr int64_t TILE = 16 * 32;  // bf16 values a tile
+using namespace loragate_amx_linear;
 constexpr int64_t BIG_ROWS = 128;  // above this many rows a call is run as a prefill (see the loop)
 constexpr int64_t GROUP_BYTES = 1 << 20;  // a prefill's panels, a group at a time: half of an AMX core's L2
-
-#if LORAGATE_AMX
-
-using loragate_amx_out::Out;
-
-// Tiles 0-3: sums [16 rows x 16 columns] (row tile r, column tile h at 2 r + h); 4-5: x [16 x 32];
-// 6-7: the weight's pairs [16 x 32]. One shape for every call: configured once per parallel task.
-struct Tiles {
-  Tiles() {
-    loragate_amx::TileConfig cfg;
-    for (int t = 0; t < 8; ++t) cfg.set(t, 16, 64);
-    cfg.load();
-  }
-  Tiles(const Tiles&) = delete;
-  Tiles& operator=(const Tiles&) = delete;
-  ~Tiles() { _tile_release(); }
-};
-
-// Tile `tile` (a literal: the intrinsics spell its register) from rows at p (stride bytes apart), with the
-// non-temporal hint when `stream`.
-#define LORAGATE_LOAD_HINTED(tile, p, stride, stream) \
-  do {                                           \
-    ::loragate_amx::fence(p);                    \
-    if (stream) {                                \
-      _tile_stream_loadd(tile, p, stride);       \
-    } else {                                     \
-      _tile_loadd(tile, p, stride);              \
-    }                                            \
-  } while (0)
-
-inline __m512 bias_at(const float* bias, int64_t col, int64_t n) {
-  if (bias == nullptr) return _mm512_setzero_ps();
-  const __mmask16 m = col >= n ? 0 : col + 16 <= n ? 0xFFFF : static_cast<__mmask16>((1u << (n - col)) - 1);
-  return _mm512_maskz_loadu_ps(m, bias + col);
-}
-
-// A thread's blocks of sums, two buffers: a block's sums are rounded into y while the tiles compute the next
-// block, a few rows after each k block's multiplies (reading the other buffer), so that the core's vector
-// work and the tiles overlap; issued all after the last multiply, the rounding and SiLU of a 32-row block
-// outran the reorder buffer and left the tiles idle (30 gate/up layers with SiLU at 2,048 rows: 91-97 ms
-// that way, 76.5 interleaved; the down projections 38.4-39.2 -> 35.6-36.0).
-class Blocks {
- public:
-  // `big`: a prefill-sized call, run row block by row block over every panel (`linear_amx`): the panels'
-  // tiles are then loaded with the non-temporal hint, so that the row block's x stays in L1.
-  // `best` / `at`: for `Out::argmax`, each row's best value and its column so far (y is not written).
-  Blocks(bf16* y, int64_t ldy, int64_t n, bool big, Out how, float* best = nullptr, int64_t* at = nullptr)
-      : y_(y), ldy_(ldy), n_(n), how_(how), best_(best), at_(at), stream_w(big) {}
-  Blocks(const Blocks&) = delete;
-  Blocks& operator=(const Blocks&) = delete;
-
-  // Rows [row, row + rows) (<= 32) of x times one panel (columns col..col + 32): x0 holds the first 16 rows
-  // (stride ldx0 values), x1 the rest (stride ldx1: x itself or its padded tail). `ahead`: per_kb lines of
-  // the next panel to prefetch per k block (or null).
-  void run(int64_t row, int64_t rows, const bf16* x0, int64_t ldx0, const bf16* x1, int64_t ldx1,
-           const bf16* panel, int64_t kblocks, int64_t col, __m512 b0, __m512 b1, const char* ahead,
-           int64_t per_kb) {
-    const bool two = rows > 16;
-    // The last block's rows go out a few after each k block's multiplies, so that the core rounds them
-    // (and computes their SiLU) while the tiles work, instead of all after the last multiply.
-    const int64_t per = (pending_.rows + kblocks - 1) / kblocks;
-    _tile_zero(0);
-    _tile_zero(1);
-    if (two) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      const bf16* w = panel + kb * 2 * TILE;
-      if (ahead != nullptr)
-        for (int64_t l = 0; l < per_kb; ++l) _mm_prefetch(ahead + (kb * per_kb + l) * 64, _MM_HINT_T1);
-      LORAGATE_LOAD_HINTED(6, w, 64, stream_w);
-      LORAGATE_LOAD_HINTED(7, w + TILE, 64, stream_w);
-      LORAGATE_TILE_LOAD(4, x0 + kb * KBLOCK, ldx0 * 2);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      if (two) {
-        LORAGATE_TILE_LOAD(5, x1 + kb * KBLOCK, ldx1 * 2);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      if (done_ < pending_.rows) finish(std::min(pending_.rows, done_ + per));
-    }
-    flush();
-    float(*c)[256] = c_[cur_];
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    if (two) {
-      _tile_stored(2, c[2], 64);
-      _tile_stored(3, c[3], 64);
-    }
-    pending_ = {row, rows, col, b0, b1};
-  }
-
-  // Round the rest of the block waiting in the current buffer into y (and switch buffers).
-  void flush() {
-    if (pending_.rows == 0) return;
-    finish(pending_.rows);
-    pending_.rows = 0, done_ = 0;
-    cur_ ^= 1;
-  }
-
- private:
-  // The waiting block's rows from done_ to `until` to their destination (`Out`).
-  void finish(int64_t until) {
-    using namespace loragate_amx_out;
-    const Pending& p = pending_;
-    bf16* y = y_ + p.row * ldy_;
-    if (how_ == Out::plain)
-      store(y, ldy_, c_[cur_], done_, until, p.col, n_, p.b0, p.b1);
-    else if (how_ == Out::argmax)
-      pick(best_ + p.row, at_ + p.row, c_[cur_], done_, until, p.col, n_);
-    else
-      store_gated(y, ldy_, c_[cur_], done_, until, p.col, n_ / 2, p.b0, p.b1, how_);
-    done_ = until;
-  }
-
-  struct Pending {
-    int64_t row, rows, col;
-    __m512 b0, b1;
-  };
-  alignas(64) float c_[2][4][256];
-  bf16* y_;
-  int64_t ldy_, n_;
-  Out how_;
-  float* best_;
-  int64_t* at_;
-  Pending pending_{0, 0, 0, _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t done_ = 0;  // the waiting block's rows already out
-  int cur_ = 0;
-  const bool stream_w;
-};
-
-#endif  // LORAGATE_AMX
 
 bool usable(const at::Tensor& x, const at::Tensor& packed) {
   return x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 && x.dim() == 2 &&
@@ -194,8 +57,16 @@ bool usable(const at::Tensor& x, const at::Tensor& packed) {
 
 // x [m, K] times the packed weight's n output columns, each block's sums handed to `how` (`Blocks`): into
 // yp (row stride ldy), or for `Out::argmax` each row's argmax into at.
+// `lora`: a group's plan whose adapters go in at `layer`, with the rows' shrinks v [rows, modules, runs, width].
+struct LoRA {
+  const loragate_sgmv_group::Plan* plan;
+  int64_t layer;
+  const bf16* v;
+  int64_t width;
+};
+
 void compute(const at::Tensor& x_in, const at::Tensor& packed, const std::optional<at::Tensor>& bias_in,
-             bf16* yp, int64_t ldy, int64_t n, Out how, int64_t* at) {
+             bf16* yp, int64_t ldy, int64_t n, Out how, int64_t* at, const LoRA* lora = nullptr) {
   const int64_t m = x_in.size(0), kblocks = packed.size(1);
   const int64_t panels = (n + PANEL - 1) / PANEL;
   if (m == 0 || n == 0) return;
@@ -237,7 +108,10 @@ void compute(const at::Tensor& x_in, const at::Tensor& packed, const std::option
       part.at.assign(m, begin * PANEL);
     }
     Tiles tiles;
-    Blocks blocks(yp, ldy, n, m > BIG_ROWS, how, part.best.data(), part.at.data());
+    std::optional<Adapters> adapters;
+    if (lora != nullptr) adapters.emplace(*lora->plan, lora->layer, lora->v, lora->width, n, panels, gated);
+    Blocks blocks(yp, ldy, n, m > BIG_ROWS, how, part.best.data(), part.at.data(),
+                  adapters.has_value() ? &*adapters : nullptr);
     // The 16 rows of x from row r (a multiple of 16) and their stride: x's own, or the padded tail's.
     auto tile_rows = [&](int64_t r) { return r < full ? std::pair{xp + r * ldx, ldx} : std::pair{tp, ldt}; };
     auto run = [&](int64_t r, int64_t p, const char* ahead, int64_t per_kb) {
@@ -254,14 +128,20 @@ void compute(const at::Tensor& x_in, const at::Tensor& packed, const std::option
       for (int64_t g = begin; g < end; g += group) {
         const int64_t g_end = std::min(end, g + group);
         for (int64_t r = 0; r < m; r += 32)
-          for (int64_t p = g; p < g_end; ++p)  // the first pass fetches the panels: it prefetches the next
+          for (int64_t p = g; p < g_end; ++p) {  // the first pass fetches the panels: it prefetches the next
+            if (r == 0 && adapters.has_value() && p + 1 < end) adapters->prefetch((p + 1) * PANEL);
             run(r, p, r == 0 && p + 1 < end ? next_panel(p) : nullptr, PANEL);
+          }
       }
     } else {  // a decode step: each panel over every block of rows, the next panel's lines spread over them
       const int64_t nblocks = (m + 31) / 32, per_kb = (PANEL + nblocks - 1) / nblocks;
-      for (int64_t p = begin; p < end; ++p)
+      if (adapters.has_value())
+        for (int64_t p = begin; p < std::min(end, begin + 2); ++p) adapters->prefetch(p * PANEL);
+      for (int64_t p = begin; p < end; ++p) {
+        if (adapters.has_value() && p + 2 < end) adapters->prefetch((p + 2) * PANEL);
         for (int64_t r = 0, blk = 0; r < m; r += 32, ++blk)
           run(r, p, p + 1 < end ? next_panel(p) + blk * kblocks * per_kb * 64 : nullptr, per_kb);
+      }
     }
     blocks.flush();
     if (how == Out::argmax) {
@@ -296,6 +176,33 @@ void linear_amx(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
 #endif
 }
 
+// `linear_amx` plus a LoRA group's adapters on their rows (`linear_amx_lora.h`): what `linear_amx` then
+// `sgmv_group_run` on its output compute (mode 0 or 1), or, mode 2, with the SiLU after them. v: the group's
+// shrinks of x (`sgmv_group_shrink` into `sgmv_group_v`).
+void linear_amx_lora(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                     const std::optional<at::Tensor>& bias, int64_t mode, const at::Tensor& v, const at::Tensor& plan_t,
+                     int64_t layer) {
+  const auto& plan = loragate_sgmv_group::read_plan(plan_t);
+  const int64_t n = mode == 2 ? 2 * out.size(1) : out.size(1), m = x.size(0);
+  const int64_t modules = static_cast<int64_t>(plan.mods.size());
+  TORCH_CHECK(plan.tiles && plan.in == x.size(1) && plan.width <= n && plan.rows <= m && layer >= 0 &&
+                  layer < plan.layers,
+              "linear_amx_lora: the group must run on AMX tiles, read x's rows and fit in the output");
+  TORCH_CHECK(v.scalar_type() == at::kBFloat16 && v.dim() == 4 && v.is_contiguous() && v.size(0) >= (m + 31) / 32 * 32 &&
+                  v.size(1) == modules && v.size(2) == plan.runs && v.size(3) % 32 == 0,
+              "linear_amx_lora: v must be contiguous bf16 [rows rounded up to 32, modules, runs, 32 k] (`sgmv_group_v`)");
+  for (int64_t r : plan.ranks) TORCH_CHECK(loragate_amx::v_row(r) <= v.size(3), "linear_amx_lora: v too narrow");
+  TORCH_CHECK(usable(x, packed) && out.scalar_type() == at::kBFloat16 && out.dim() == 2 && out.stride(1) == 1 &&
+                  out.size(0) == m && mode >= 0 && mode <= 2 &&
+                  (mode == 0 ? n <= packed.size(0) * PANEL : n == packed.size(0) * PANEL),
+              "linear_amx_lora: bf16 out [M, N], x [M, K], packed [P, KB, 1024], mode 0-2 (1-2: N fills the panels)");
+  TORCH_CHECK(loragate_amx::ready(), "linear_amx_lora: this CPU (or process) cannot run AMX tiles");
+#if LORAGATE_AMX
+  const LoRA lora{&plan, layer, v.data_ptr<bf16>(), v.size(3)};
+  compute(x, packed, bias, out.data_ptr<bf16>(), out.stride(0), n, static_cast<Out>(mode), nullptr, &lora);
+#endif
+}
+
 // out[r] = argmax over the first n columns of bf16(x Wᵀ)[r]: `linear_amx` then `argmax_rows`, without the
 // results (the LM head's greedy pick).
 void linear_amx_argmax(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, int64_t n) {
@@ -314,5 +221,8 @@ TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
   m.def("linear_amx(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias, int mode=0) -> ()");
   m.def("linear_amx_argmax(Tensor(a!) out, Tensor x, Tensor packed, int n) -> ()");
   m.impl("linear_amx", c10::DispatchKey::CPU, &linear_amx);
+  m.def("linear_amx_lora(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias, int mode, Tensor v, Tensor plan, "
+        "int layer) -> ()");
+  m.impl("linear_amx_lora", c10::DispatchKey::CPU, &linear_amx_lora);
   m.impl("linear_amx_argmax", c10::DispatchKey::CPU, &linear_amx_argmax);
 }

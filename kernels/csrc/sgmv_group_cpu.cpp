@@ -18,7 +18,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "plan_tensor.h"
+#include "sgmv_group_plan.h"
 #include "prefetch_ahead.h"
 #include "sgmv_amx.h"
 #include "sgmv_common.h"
@@ -36,23 +36,7 @@
 namespace {
 
 using namespace loragate_sgmv;
-
-constexpr int64_t CHUNK = 16;  // tokens per work item: 4 tiles per read of the weights from L2 or memory
-
-struct Chunk {
-  int64_t token, slot, rows;
-};
-
-struct Module {
-  const void* a;  // this layer's [S, R, in], rows contiguous
-  int64_t a_slot, a_row;
-  const void* b;  // this layer's [S, O, R] through its strides
-  int64_t b_slot, b_out, b_rank, outs, offset;
-  // This layer's B in rank pairs [S, O / 16, R / 2, 32] (`sgmv_amx.h`), or null. Each slot's region holds
-  // its own rank's pairs densely, [O / 16, ceil(r / 2), 32] from its start (`kernels.sgmv_native.slot_pairs`).
-  const void* pairs;
-  int64_t pair_slot;
-};
+using namespace loragate_sgmv_group;
 
 struct Scratch {
   std::vector<float> xs, vs;
@@ -210,31 +194,7 @@ void group(at::Tensor& y, const at::Tensor& x, const Module* mods, int64_t n, co
   });
 }
 
-// A group's step, checked and laid out once (`sgmv_group_plan`) and run for every layer (`sgmv_group_run`):
-// each layer's call then passes three tensors through the dispatcher instead of three lists of tensors, two
-// tables and a list of offsets, and does no per-module checks (per call, the dispatch and the checks cost
-// more than a decode step's small adapters' arithmetic). The plan is a byte tensor whose memory is the
-// `Plan` itself (`plan_tensor.h`): it holds the tensors it points into, so its addresses stay valid for as
-// long as it lives. (A custom class would do the same, but passing one from Python costs ~15 us.)
-constexpr uint64_t PLAN_MAGIC = 0x6c6f726167617465ULL;
-
-struct Plan {
-  uint64_t magic = PLAN_MAGIC;
-  const Plan* self = this;        // a copy of a plan's bytes is not a plan
-  std::vector<at::Tensor> held;  // the stacks whose addresses `mods` keeps
-  std::vector<Module> mods;      // layer 0's addresses; `layer_bytes` moves them to a layer
-  std::vector<std::array<int64_t, 3>> layer_bytes;  // per module: a, b, pairs strides over layers, bytes
-  std::vector<int64_t> ranks;
-  std::vector<float> scales;
-  std::vector<Chunk> work;
-  at::ScalarType dtype = at::kFloat;
-  int64_t slots = 0, in = 0, layers = 0, width = 0, rows = 0;
-};
-
-const Plan& read_plan(const at::Tensor& t) {
-  return loragate::read_plan<Plan>(t, PLAN_MAGIC, "sgmv_group: not a plan made by sgmv_group_plan");
-}
-
+// The plan (`sgmv_group_plan.h`): checked and laid out once per step, read by every layer's call.
 at::Tensor sgmv_group_plan(at::TensorList a, at::TensorList b, at::TensorList pairs, const at::Tensor& ranks,
                            const at::Tensor& scales, at::IntArrayRef offsets, const at::Tensor& segments) {
   const int64_t n = static_cast<int64_t>(a.size());
@@ -299,6 +259,37 @@ at::Tensor sgmv_group_plan(at::TensorList a, at::TensorList b, at::TensorList pa
     if (!used) continue;
     for (int64_t t = start; t < end; t += CHUNK) plan->work.push_back({t, slot, std::min(CHUNK, end - t)});
   }
+  plan->row_slot.assign(plan->rows, -1);
+  for (const Chunk& k : plan->work) std::fill_n(plan->row_slot.begin() + k.token, k.rows, k.slot);
+  plan->row_run.assign(plan->rows, -1);
+  for (int64_t block = 0; block < plan->rows; block += 32) {
+    int64_t run = -1;
+    for (int64_t u = block; u < std::min(plan->rows, block + 32); ++u) {
+      const int64_t s = plan->row_slot[u];
+      if (s >= 0 && (u == block || plan->row_slot[u - 1] != s)) ++run;
+      if (s >= 0) plan->row_run[u] = run;
+    }
+    plan->runs = std::max(plan->runs, run + 1);
+  }
+  // On AMX tiles where every module and every rank the step uses can be (what `group` would choose for each).
+  bool tiles = plan->dtype == at::kBFloat16 && plan->in % 32 == 0 && !pairs.empty() && loragate_amx::ready();
+  for (int64_t m = 0; m < n && tiles; ++m) {
+    const Module& md = plan->mods[m];
+    tiles = md.offset % 16 == 0 && md.outs % 16 == 0;
+    for (const Chunk& k : plan->work) {
+      const int64_t r = rk[m * slots + k.slot];
+      tiles = tiles && (r == 0 || loragate_amx::fits(plan->in, md.outs, r));
+    }
+  }
+  plan->tiles = tiles;
+  int64_t adapted = 0, pieces = 0;
+  for (int64_t u = 0; u < plan->rows; ++u) {
+    const int64_t s = plan->row_slot[u];
+    if (s < 0) continue;
+    ++adapted;
+    pieces += u % 16 == 0 || plan->row_slot[u - 1] != s;
+  }
+  plan->long_runs = adapted >= LONG_RUN * pieces;
   return loragate::plan_tensor(std::move(plan));
 }
 
@@ -317,12 +308,7 @@ void run(at::Tensor& y, const at::Tensor& x, const Plan* plan, int64_t layer) {
   std::vector<Module> many;
   Module* mods = n <= 8 ? local.data() : (many.resize(n), many.data());
   for (int64_t m = 0; m < n; ++m) {
-    Module md = plan->mods[m];
-    const std::array<int64_t, 3>& lb = plan->layer_bytes[m];
-    md.a = static_cast<const char*>(md.a) + layer * lb[0];
-    md.b = static_cast<const char*>(md.b) + layer * lb[1];
-    if (md.pairs != nullptr) md.pairs = static_cast<const char*>(md.pairs) + layer * lb[2];
-    mods[m] = md;
+    mods[m] = at_layer(*plan, m, layer);
   }
   const int64_t* rk = plan->ranks.data();
   const float* sc = plan->scales.data();
