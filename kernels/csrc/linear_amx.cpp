@@ -25,7 +25,8 @@
 // A fused gate/up weight can be packed gated (each panel 16 of the gate's columns and the up projection's same
 // 16): the sums then go out in the weight's own order, or as silu(gate) * up with `silu_mul`'s roundings, so
 // the MLP's activation is computed in the shadow of the next block's multiplies instead of in a pass of its own
-// over [rows, 2 * inter] (a SmolLM2 bf16 decode step of 64 rows: 37.6 -> 35.8 ms).
+// over [rows, 2 * inter] (a SmolLM2 bf16 decode step of 64 rows: 37.6 -> 35.8 ms). A LoRA group's adapters
+// can be added inside the matmul too (`linear_amx_lora`, `linear_amx_lora.h`).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -55,9 +56,7 @@ bool usable(const at::Tensor& x, const at::Tensor& packed) {
 
 #if LORAGATE_AMX
 
-// x [m, K] times the packed weight's n output columns, each block's sums handed to `how` (`Blocks`): into
-// yp (row stride ldy), or for `Out::argmax` each row's argmax into at.
-// `lora`: a group's plan whose adapters go in at `layer`, with the rows' shrinks v [rows, modules, runs, width].
+// A LoRA group whose adapters go in at `layer`, with the rows' shrinks v [rows, modules, runs, width].
 struct LoRA {
   const loragate_sgmv_group::Plan* plan;
   int64_t layer;
@@ -65,6 +64,8 @@ struct LoRA {
   int64_t width;
 };
 
+// x [m, K] times the packed weight's n output columns, each block's sums handed to `how` (`Blocks`): into
+// yp (row stride ldy), or for `Out::argmax` each row's argmax into at; with `lora`'s adapters on their rows.
 void compute(const at::Tensor& x_in, const at::Tensor& packed, const std::optional<at::Tensor>& bias_in,
              bf16* yp, int64_t ldy, int64_t n, Out how, int64_t* at, const LoRA* lora = nullptr) {
   const int64_t m = x_in.size(0), kblocks = packed.size(1);
