@@ -48,8 +48,6 @@ class Adapters {
         if (out >= mods_[m].offset && out < mods_[m].offset + mods_[m].outs) mod = m, local = out - mods_[m].offset;
       tile_mod_.push_back(mod), tile_out_.push_back(local);
     }
-    for (const auto& k : plan.work)
-      if (std::find(slots_.begin(), slots_.end(), k.slot) == slots_.end()) slots_.push_back(k.slot);
   }
 
   // Prefetch the B pairs the panel at packed column `col` reads, for every slot of the call: a step's adapters
@@ -59,7 +57,7 @@ class Adapters {
     for (int64_t h = 0; h < 2; ++h) {
       const int64_t m = tile_mod_[col / 16 + h];
       if (m < 0) continue;
-      for (int64_t s : slots_) {
+      for (int64_t s : plan_.used) {
         const int64_t r = plan_.ranks[m * plan_.slots + s];
         if (r == 0) continue;
         const char* p = reinterpret_cast<const char*>(pairs(m, s, col / 16 + h, r));
@@ -164,7 +162,6 @@ class Adapters {
   int64_t width_, modules_;
   std::vector<Module> mods_;
   std::vector<int64_t> tile_mod_, tile_out_;  // per packed column tile: its module (-1: none), its first output
-  std::vector<int64_t> slots_;                // the slots of the call's adapted rows
   alignas(64) bf16 padded_[2][16 * 32] = {};  // rows 8-15 stay zero
 };
 

@@ -260,7 +260,10 @@ at::Tensor sgmv_group_plan(at::TensorList a, at::TensorList b, at::TensorList pa
     for (int64_t t = start; t < end; t += CHUNK) plan->work.push_back({t, slot, std::min(CHUNK, end - t)});
   }
   plan->row_slot.assign(plan->rows, -1);
-  for (const Chunk& k : plan->work) std::fill_n(plan->row_slot.begin() + k.token, k.rows, k.slot);
+  for (const Chunk& k : plan->work) {
+    std::fill_n(plan->row_slot.begin() + k.token, k.rows, k.slot);
+    if (std::find(plan->used.begin(), plan->used.end(), k.slot) == plan->used.end()) plan->used.push_back(k.slot);
+  }
   plan->row_run.assign(plan->rows, -1);
   for (int64_t block = 0; block < plan->rows; block += 32) {
     int64_t run = -1;

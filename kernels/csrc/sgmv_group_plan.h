@@ -51,6 +51,7 @@ struct Plan {
   // Per token row below `rows`: the slot whose adapters the group applies to it, or -1 (none); and its run
   // (rows of one slot in a row) among the runs of its block of 32 rows (rows 0-31, 32-63, ...), or -1.
   std::vector<int64_t> row_slot, row_run;
+  std::vector<int64_t> used;  // the slots of the adapted rows, each once
   int64_t runs = 1;  // the most runs in a block of 32 rows (at least 1)
   at::ScalarType dtype = at::kFloat;
   int64_t slots = 0, in = 0, layers = 0, width = 0, rows = 0;
