@@ -26,12 +26,16 @@ class AttentionMeta:
     context_lens: [B]. Tokens in each sequence's context, this step's new ones included.
     query_start_loc: [B + 1]. Start of each sequence's queries in the group's `q` (prefill); None for a
         decode group, whose sequences have one query each, `q[b]`.
+    prompt_lens: [B]. Each sequence's prompt length (prefill groups, optional): its queries at positions
+        below it are prompt tokens, the rest (a resumed request's generated ones) not. The native CPU
+        kernel runs prompt rows on AMX tiles where it can (`kernels/csrc/prefill_tiles.h`).
     host_context_lens, host_query_start_loc: the same two on the host, optional (the builder has them).
     """
 
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     query_start_loc: torch.Tensor | None = None
+    prompt_lens: torch.Tensor | None = None
     host_context_lens: tuple[int, ...] | None = None
     host_query_start_loc: tuple[int, ...] | None = None
 

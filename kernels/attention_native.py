@@ -60,8 +60,27 @@ def paged_attention_prefill_native(
     sliding_window: int | None = None,
 ) -> None:
     """Each query a decode row of its own: torch's fused SDPA, called once per sequence, ran short prompts
-    at 7-18 G multiply-adds/s on two cores (its per-call work and threading); these rows 2-4x faster."""
+    at 7-18 G multiply-adds/s on two cores (its per-call work and threading); these rows 2-4x faster.
+    Given each sequence's prompt length, its prompt rows run on AMX tiles where this CPU has them (bf16,
+    head size 32, 64 or 128: `paged_prefill_prompt`), every other row as above."""
     if q.shape[0] == 0:
+        return
+    tables = meta.block_tables.contiguous()
+    window = sliding_window or 0
+    if meta.prompt_lens is not None and meta.query_start_loc is not None:
+        _attend(
+            torch.ops.loragate_cpu.paged_prefill_prompt,
+            out,
+            q,
+            k_cache.contiguous(),
+            v_cache.contiguous(),
+            tables,
+            meta.query_start_loc.contiguous(),
+            meta.context_lens.contiguous(),
+            meta.prompt_lens.contiguous(),
+            scale,
+            window,
+        )
         return
     rows, lens = meta.per_query
     _attend(
@@ -70,11 +89,11 @@ def paged_attention_prefill_native(
         q,
         k_cache.contiguous(),
         v_cache.contiguous(),
-        meta.block_tables.contiguous(),
+        tables,
         rows,
         lens,
         scale,
-        sliding_window or 0,
+        window,
     )
 
 

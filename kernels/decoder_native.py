@@ -126,14 +126,18 @@ def decoder_run(
     Returns:
         Shape `[T, hidden]`. The last layer's MLP output.
     """
-    dec_tables = dec_lens = pre_tables = pre_rows = pre_lens = None
+    dec_tables = dec_lens = pre_tables = pre_starts = pre_lens = pre_prompt = None
     if decode is not None:
         dec_tables, dec_lens = decode.block_tables.contiguous(), decode.context_lens.contiguous()
     if prefill is not None:
-        pre_tables = prefill.block_tables.contiguous()
-        pre_rows, pre_lens = prefill.per_query
+        assert prefill.query_start_loc is not None, "a prefill group has query starts"
+        pre_tables, pre_lens = prefill.block_tables.contiguous(), prefill.context_lens.contiguous()
+        pre_starts = prefill.query_start_loc.contiguous()
+        # without prompt lengths no row is a prompt row: all on the vector kernel
+        given = prefill.prompt_lens
+        pre_prompt = torch.zeros_like(pre_lens) if given is None else given.contiguous()
     plans = [None if group is None else group.native_plan for group in loras]
     return torch.ops.loragate_cpu.decoder_run(
         h, plan, positions.contiguous(), slot_mapping.contiguous(), num_decode,
-        dec_tables, dec_lens, pre_tables, pre_rows, pre_lens, plans,
+        dec_tables, dec_lens, pre_tables, pre_starts, pre_lens, pre_prompt, plans,
     )  # fmt: skip

@@ -45,6 +45,7 @@ SOURCES = tuple(
         "lm_head_cpu.cpp",
         "linear_amx.cpp",
         "decoder_cpu.cpp",
+        "prefill_tiles_cpu.cpp",
     )
 )
 HEADERS = tuple(sorted(_CSRC.glob("*.h")))

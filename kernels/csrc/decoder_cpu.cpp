@@ -106,9 +106,11 @@ struct Ops {
       decode = op<void(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                        const at::Tensor&, double, int64_t)>("loragate_cpu::paged_decode");
   c10::TypedOperatorHandle<void(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t)>
+                                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                int64_t)>
       prefill = op<void(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const at::Tensor&, const at::Tensor&, double, int64_t)>("loragate_cpu::paged_prefill");
+                        const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t)>(
+          "loragate_cpu::paged_prefill_prompt");
   c10::TypedOperatorHandle<void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t)> lora =
       op<void(at::Tensor, const at::Tensor&, const at::Tensor&, int64_t)>("loragate_cpu::sgmv_group_run");
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, int64_t)> v =
@@ -144,21 +146,22 @@ at::Tensor linear(const Plan& plan, const at::Tensor& x, const at::Tensor& w, co
 }
 
 // Every layer on h [T, hidden] (the residual stream, updated in place): rows [0, num_decode) decode rows
-// (`dec_tables`, `dec_lens` as `paged_decode` takes them), the rest prefill rows (`pre_tables`, `pre_rows`,
-// `pre_lens` as `paged_prefill`). Returns the last layer's MLP output, which the caller adds with the final
+// (`dec_tables`, `dec_lens` as `paged_decode` takes them), the rest prefill rows (`pre_tables`, `pre_starts`,
+// `pre_lens`, `pre_prompt` as `paged_prefill_prompt`). Returns the last layer's MLP output, which the caller adds with the final
 // norm, as `ModelRunner.hidden` does.
 at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor& positions,
                        const at::Tensor& slot_mapping, int64_t num_decode, const OptTensor& dec_tables,
-                       const OptTensor& dec_lens, const OptTensor& pre_tables, const OptTensor& pre_rows,
-                       const OptTensor& pre_lens, const c10::List<OptTensor>& loras) {
+                       const OptTensor& dec_lens, const OptTensor& pre_tables, const OptTensor& pre_starts,
+                       const OptTensor& pre_lens, const OptTensor& pre_prompt, const c10::List<OptTensor>& loras) {
   const Plan& plan = read_plan(plan_t);
   const int64_t t = h.size(0), hidden = h.size(1), q_size = plan.heads * plan.head_dim;
   TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && num_decode >= 0 && num_decode <= t,
               "decoder_run: h [T, hidden] contiguous, 0 <= num_decode <= T");
   TORCH_CHECK(num_decode == 0 || (dec_tables.has_value() && dec_lens.has_value()),
               "decoder_run: decode rows need their block tables and lengths");
-  TORCH_CHECK(num_decode == t || (pre_tables.has_value() && pre_rows.has_value() && pre_lens.has_value()),
-              "decoder_run: prefill rows need their block tables, rows and lengths");
+  TORCH_CHECK(num_decode == t || (pre_tables.has_value() && pre_starts.has_value() && pre_lens.has_value() &&
+                                   pre_prompt.has_value()),
+              "decoder_run: prefill rows need their block tables, query starts, lengths and prompt lengths");
   TORCH_CHECK(loras.size() == GROUPS, "decoder_run: one LoRA plan (or None) per group: qkv, o, gate_up, down");
   const Ops& k = ops();
   const auto opts = h.options();
@@ -203,7 +206,7 @@ at::Tensor decoder_run(at::Tensor h, const at::Tensor& plan_t, const at::Tensor&
                     plan.scale, plan.windows[i]);
     if (num_decode < t)
       k.prefill.call(attn.narrow(0, num_decode, t - num_decode), q.narrow(0, num_decode, t - num_decode), kc, vc,
-                     *pre_tables, *pre_rows, *pre_lens, plan.scale, plan.windows[i]);
+                     *pre_tables, *pre_starts, *pre_lens, *pre_prompt, plan.scale, plan.windows[i]);
     at::Tensor flat = attn.view({t, q_size});
     at::Tensor o = project(G_O, flat, *w[O], w[O_BIAS], hidden, 0, i);
     adapt(G_O, o, flat, i);
@@ -231,8 +234,8 @@ TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
   m.def("decoder_plan(Tensor?[] layers, int[] windows, Tensor cos, Tensor sin, int heads, int kv_heads, "
         "int head_dim, int inter, bool amx, bool gated, float eps, float scale) -> Tensor");
   m.def("decoder_run(Tensor(a!) h, Tensor plan, Tensor positions, Tensor slot_mapping, int num_decode, "
-        "Tensor? dec_tables, Tensor? dec_lens, Tensor? pre_tables, Tensor? pre_rows, Tensor? pre_lens, "
-        "Tensor?[] loras) -> Tensor");
+        "Tensor? dec_tables, Tensor? dec_lens, Tensor? pre_tables, Tensor? pre_starts, Tensor? pre_lens, "
+        "Tensor? pre_prompt, Tensor?[] loras) -> Tensor");
   // Any backend: oneDNN's packed weights are tensors of their own layout (MkldnnCPU).
   m.impl("decoder_plan", c10::DispatchKey::CompositeExplicitAutograd, &decoder_plan);
   m.impl("decoder_run", c10::DispatchKey::CPU, &decoder_run);

@@ -108,6 +108,7 @@ def test_a_run_refuses_anything_but_a_plan(zoo: ZooPaths) -> None:
     ints = torch.zeros(1, dtype=torch.int64)
     fake = torch.zeros_like(engine.runner.native_layers)
     with pytest.raises(RuntimeError, match="not a plan made by decoder_plan"):
-        torch.ops.loragate_cpu.decoder_run(h, fake, ints, ints, 1, None, None, None, None, None, [None] * 4)
+        none = [None] * 6
+        torch.ops.loragate_cpu.decoder_run(h, fake, ints, ints, 1, *none, [None] * 4)
     with pytest.raises(RuntimeError, match="one window per layer"):
         torch.ops.loragate_cpu.decoder_plan([None] * 5, [0], ints, ints, 1, 1, 1, 1, True, True, 1e-6, 1.0)
