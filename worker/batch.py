@@ -1,6 +1,7 @@
 """The flattened inputs of one forward pass, built by the engine from the scheduler's choice.
 
-Token layout: decode sequences first (one token each), then prefill chunks; within each group the
+Token layout: decode sequences first (one generated token each), then prefill chunks (prompt tokens, a
+prompt's last token alone included, and a resumed request's generated ones); within each group the
 sequences are ordered by adapter slot so LoRA segments are long and few (at most 2 × adapters per step).
 
 Logits rows: one per sequence that samples this step (in `sampled_seqs` order), then, for sequences that
@@ -82,8 +83,14 @@ def build_forward_batch(
 ) -> tuple[ForwardBatch, list[tuple[Sequence, int]], list[Sequence]]:
     """Lay out the step's tokens; returns the batch, the (sequence, tokens) order used, and the
     sequences that sample a token this step, in `logits_indices` order."""
-    decode = sorted((x for x in scheduled if x[1] == 1), key=lambda x: x[0].lora_slot)
-    prefill = sorted((x for x in scheduled if x[1] > 1), key=lambda x: x[0].lora_slot)
+
+    # A decode row is a generated token's; a prompt's last token scheduled alone (the rest cached) is a
+    # prefill row, so that it attends as its prompt's other rows do (`AttentionMeta.prompt_lens`).
+    def is_decode(x: tuple[Sequence, int]) -> bool:
+        return x[1] == 1 and x[0].num_computed_tokens >= x[0].num_prompt_tokens
+
+    decode = sorted((x for x in scheduled if is_decode(x)), key=lambda x: x[0].lora_slot)
+    prefill = sorted((x for x in scheduled if not is_decode(x)), key=lambda x: x[0].lora_slot)
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -126,6 +133,7 @@ def build_forward_batch(
         [*logits_rows, *prompt_rows],
         seg_indptr,
         seg_slots,
+        [s.num_prompt_tokens for s, _ in prefill],
     ]
     t = pack_int64(parts, device)
     batch = ForwardBatch(
@@ -143,6 +151,7 @@ def build_forward_batch(
             block_tables=t[5].view(len(prefill), prefill_width),
             context_lens=t[7],
             query_start_loc=t[6],
+            prompt_lens=t[11],
             host_context_lens=tuple(parts[7]),
             host_query_start_loc=tuple(query_starts),
         ),

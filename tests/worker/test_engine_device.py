@@ -120,7 +120,7 @@ def test_a_step_on_the_meta_device_leaves_nothing_on_the_host(
         assert lora is not None and lora.metas
         metas = (batch.decode, batch.prefill, batch.lora)
         batch_tensors = [v for m in (batch, *metas) for v in vars(m).values() if isinstance(v, torch.Tensor)]
-        assert len(batch_tensors) == 4 + 2 + 3 + 2, step  # the batch's own, decode, prefill and LoRA
+        assert len(batch_tensors) == 4 + 2 + 4 + 2, step  # the batch's own, decode, prefill and LoRA
         assert {t.device.type for t in batch_tensors} == {"meta"}, step
         logits = engine.runner.forward(batch, lora)
         # Sampled rows (top-k, top-p) next to greedy ones; no generator, as meta cannot have one.
