@@ -180,7 +180,8 @@ def test_a_policy_put_reaches_a_second_gateway_and_bounds_queues_with_429(stack:
         time.sleep(1.2)  # every gateway applies a new policy within a second
         assert httpx.get(f"{url}/admin/policy", headers=ADMIN).json()["version"] == put.json()["version"]
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            busy = [pool.submit(_stream, url) for _ in range(2)]  # one outstanding request per worker
+            # one outstanding request per worker, long enough to still be running when the third comes
+            busy = [pool.submit(_stream, url, 600) for _ in range(2)]
             deadline = time.monotonic() + 10
             while outstanding(url) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
