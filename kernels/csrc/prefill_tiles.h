@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "sgmv_amx.h"
-#include "vecmath.h"
 
 namespace loragate_prefill_tiles {
 
@@ -72,26 +71,84 @@ struct TileState {
   ~TileState() { _tile_release(); }
 };
 
+// rows[0..16) = the columns of rows[0..16), 32-bit values: a 16 x 16 transpose in registers.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // pairs of rows interleaved, per 128-bit lane
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + m], lane L: rows i..i + 3 of column 4 L + m
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {  // column 4 L + m gathers lane L of r[m], r[4 + m], r[8 + m], r[12 + m]
+    const __m512i s0 = _mm512_shuffle_i32x4(r[m], r[4 + m], 0x44), s1 = _mm512_shuffle_i32x4(r[m], r[4 + m], 0xEE);
+    const __m512i s2 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0x44);
+    const __m512i s3 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0xEE);
+    t[m] = _mm512_shuffle_i32x4(s0, s2, 0x88), t[4 + m] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
+    t[8 + m] = _mm512_shuffle_i32x4(s1, s3, 0x88), t[12 + m] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
 template <int DIM>
 void pack(const Call& c, const Task& t, int64_t n, Scratch& w) {
   const int64_t nk16 = (n + 15) / 16, nk32 = (n + 31) / 32, token = c.kv_heads * DIM;
   const int64_t* table = c.tables + t.seq * c.width;
-  w.kt.assign(nk16 * (DIM / 32) * 256, 0u);
-  w.vp.assign(nk32 * (DIM / 16) * 256, 0u);
+  w.kt.resize(nk16 * (DIM / 32) * 256);
+  w.vp.resize(nk32 * (DIM / 16) * 256);
   auto key_row = [&](const bf16* cache, int64_t j) {
     return cache + (table[j / c.block_size] * c.block_size + j % c.block_size) * token + t.kv_head * DIM;
   };
-  for (int64_t j = 0; j < n; ++j) {
-    const uint32_t* src = reinterpret_cast<const uint32_t*>(key_row(c.k_cache, j));
-    uint32_t* dst = w.kt.data() + j / 16 * (DIM / 32) * 256 + j % 16;
-    for (int64_t d2 = 0; d2 < DIM / 2; ++d2) dst[d2 / 16 * 256 + d2 % 16 * 16] = src[d2];
+  // Keys: per 16 and per 32 values, the 16 keys' 16 pairs transposed into the tile's rows of pairs.
+  for (int64_t kb = 0; kb < nk16; ++kb) {
+    const bf16* rows[16];
+    for (int64_t j = 0; j < 16; ++j) rows[j] = kb * 16 + j < n ? key_row(c.k_cache, kb * 16 + j) : nullptr;
+    for (int64_t ch = 0; ch < DIM / 32; ++ch) {
+      __m512i r[16];
+      for (int64_t j = 0; j < 16; ++j)
+        r[j] = rows[j] != nullptr ? _mm512_loadu_si512(rows[j] + ch * 32) : _mm512_setzero_si512();
+      transpose16(r);
+      uint32_t* dst = w.kt.data() + (kb * (DIM / 32) + ch) * 256;
+      for (int64_t i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * 16, r[i]);
+    }
   }
-  uint16_t* vp = reinterpret_cast<uint16_t*>(w.vp.data());
-  for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* src = reinterpret_cast<const uint16_t*>(key_row(c.v_cache, j));
-    uint16_t* dst = vp + (j / 32 * (DIM / 16) * 16 + j % 32 / 2) * 32 + j % 2;
-    for (int64_t d = 0; d < DIM; ++d) dst[d / 16 * 512 + d % 16 * 2] = src[d];
+  // Values: each pair of keys' 16 values at a time interleaved into a tile row (zero past n).
+  __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+  alignas(64) uint16_t lo[32], hi[32];
+  for (int i = 0; i < 32; ++i) lo[i] = static_cast<uint16_t>((i % 2 ? 32 : 0) + i / 2), hi[i] = lo[i] + 16;
+  const __m512i take_lo = _mm512_load_si512(lo), take_hi = _mm512_load_si512(hi);
+  uint32_t* vp = w.vp.data();
+  for (int64_t j = 0; j < nk32 * 32; j += 2) {
+    const bf16* a = j < n ? key_row(c.v_cache, j) : nullptr;
+    const bf16* b = j + 1 < n ? key_row(c.v_cache, j + 1) : nullptr;
+    uint32_t* dst = vp + (j / 32 * (DIM / 16) * 16 + j % 32 / 2) * 16;
+    for (int64_t z = 0; z < DIM / 32; ++z) {  // 32 values of each key: chunks 2 z and 2 z + 1
+      even = a != nullptr ? _mm512_loadu_si512(a + z * 32) : _mm512_setzero_si512();
+      odd = b != nullptr ? _mm512_loadu_si512(b + z * 32) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + 2 * z * 256, _mm512_permutex2var_epi16(even, take_lo, odd));
+      _mm512_storeu_si512(dst + (2 * z + 1) * 256, _mm512_permutex2var_epi16(even, take_hi, odd));
+    }
   }
+}
+
+// exp(x) for x <= 0 (scores less their row's largest) to ~1e-6 relative, plenty for bf16 weights: 2^(x
+// log2 e) as 2^k 2^f, f in [-0.5, 0.5] by its degree-6 Taylor polynomial; NaN stays NaN.
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 t = _mm512_mul_ps(_mm512_max_ps(_mm512_set1_ps(-87.f), x), _mm512_set1_ps(1.44269504f));
+  const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, k);
+  __m512 p = _mm512_set1_ps(1.5403530e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, k);
 }
 
 // Scores of the tile's m rows (q rows from `q`, stride ldq values) against keys [0, 16 nk16) into w.s.
@@ -157,7 +214,7 @@ inline void softmax_row(Scratch& w, int64_t i, int64_t keys, int64_t nk32, int64
   for (int64_t j = 0; j < nk32 * 32; j += 16) {
     const __mmask16 k = mask(j);
     const __m512 x = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), sc), m);
-    const __m512 e = _mm512_maskz_mov_ps(k, Sleef_expf16_u10(x));
+    const __m512 e = _mm512_maskz_mov_ps(k, exp_nonpositive(x));
     const __m256bh b = _mm512_cvtneps_pbh(e);
     const __m256i bits = reinterpret_cast<const __m256i&>(b);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), bits);
