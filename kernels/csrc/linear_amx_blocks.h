@@ -24,16 +24,7 @@ using loragate_amx_out::Out;
 
 // Tiles 0-3: sums [16 rows x 16 columns] (row tile r, column tile h at 2 r + h); 4-5: x [16 x 32];
 // 6-7: the weight's pairs [16 x 32]. One shape for every call: configured once per parallel task.
-struct Tiles {
-  Tiles() {
-    loragate_amx::TileConfig cfg;
-    for (int t = 0; t < 8; ++t) cfg.set(t, 16, 64);
-    cfg.load();
-  }
-  Tiles(const Tiles&) = delete;
-  Tiles& operator=(const Tiles&) = delete;
-  ~Tiles() { _tile_release(); }
-};
+using Tiles = loragate_amx::UniformTiles;
 
 // Tile `tile` (a literal: the intrinsics spell its register) from rows at p (stride bytes apart), with the
 // non-temporal hint when `stream`.

@@ -59,17 +59,7 @@ struct Scratch {
   float sum[16];
 };
 
-// Every tile 16 rows of 64 bytes. Tiles 0-3 sums, 4-7 queries (scores) or 4 weights and 5-6 values.
-struct TileState {
-  TileState() {
-    loragate_amx::TileConfig cfg;
-    for (int t = 0; t < 8; ++t) cfg.set(t, 16, 64);
-    cfg.load();
-  }
-  TileState(const TileState&) = delete;
-  TileState& operator=(const TileState&) = delete;
-  ~TileState() { _tile_release(); }
-};
+// Tiles 0-3 sums, 4-7 queries (scores) or 4 weights and 5-6 values: `loragate_amx::UniformTiles`.
 
 // rows[0..16) = the columns of rows[0..16), 32-bit values: a 16 x 16 transpose in registers.
 inline void transpose16(__m512i r[16]) {
@@ -160,41 +150,34 @@ void scores(const bf16* q, int64_t ldq, int64_t nk16, int64_t ls, Scratch& w) {
     LORAGATE_TILE_LOAD(6, q + 64, ldq * 2);
     LORAGATE_TILE_LOAD(7, q + 96, ldq * 2);
   }
-  for (int64_t kb = 0; kb < nk16; ++kb) {
+  // One 16-key block's scores into sums tile c (a literal), the key tiles through 1 and 3.
+#define LORAGATE_SCORE_BLOCK(c, k, s)         \
+  do {                                        \
+    _tile_zero(c);                            \
+    LORAGATE_TILE_LOAD(1, k, 64);             \
+    _tile_dpbf16ps(c, 4, 1);                  \
+    if constexpr (DIM >= 64) {                \
+      LORAGATE_TILE_LOAD(3, (k) + 256, 64);   \
+      _tile_dpbf16ps(c, 5, 3);                \
+    }                                         \
+    if constexpr (DIM == 128) {               \
+      LORAGATE_TILE_LOAD(1, (k) + 512, 64);   \
+      _tile_dpbf16ps(c, 6, 1);                \
+      LORAGATE_TILE_LOAD(3, (k) + 768, 64);   \
+      _tile_dpbf16ps(c, 7, 3);                \
+    }                                         \
+    _tile_stored(c, s, ls * 4);               \
+  } while (0)
+  for (int64_t kb = 0; kb < nk16; ++kb) {  // alternate sums tiles: a block's store beside the next's multiplies
     const uint32_t* k = w.kt.data() + kb * (DIM / 32) * 256;
     float* s = w.s.data() + kb * 16;
     if (kb % 2 == 0) {
-      _tile_zero(0);
-      LORAGATE_TILE_LOAD(1, k, 64);
-      _tile_dpbf16ps(0, 4, 1);
-      if constexpr (DIM >= 64) {
-        LORAGATE_TILE_LOAD(3, k + 256, 64);
-        _tile_dpbf16ps(0, 5, 3);
-      }
-      if constexpr (DIM == 128) {
-        LORAGATE_TILE_LOAD(1, k + 512, 64);
-        _tile_dpbf16ps(0, 6, 1);
-        LORAGATE_TILE_LOAD(3, k + 768, 64);
-        _tile_dpbf16ps(0, 7, 3);
-      }
-      _tile_stored(0, s, ls * 4);
+      LORAGATE_SCORE_BLOCK(0, k, s);
     } else {
-      _tile_zero(2);
-      LORAGATE_TILE_LOAD(1, k, 64);
-      _tile_dpbf16ps(2, 4, 1);
-      if constexpr (DIM >= 64) {
-        LORAGATE_TILE_LOAD(3, k + 256, 64);
-        _tile_dpbf16ps(2, 5, 3);
-      }
-      if constexpr (DIM == 128) {
-        LORAGATE_TILE_LOAD(1, k + 512, 64);
-        _tile_dpbf16ps(2, 6, 1);
-        LORAGATE_TILE_LOAD(3, k + 768, 64);
-        _tile_dpbf16ps(2, 7, 3);
-      }
-      _tile_stored(2, s, ls * 4);
+      LORAGATE_SCORE_BLOCK(2, k, s);
     }
   }
+#undef LORAGATE_SCORE_BLOCK
   loragate_amx::fence(w.s.data());  // the stores before any read of the scores
 }
 
@@ -299,7 +282,7 @@ void run_task(const Call& c, const Task& t, Scratch& w) {
 // Tasks [first, last) on this thread.
 inline void run_tasks(const Call& c, const std::vector<Task>& tasks, int64_t first, int64_t last, int64_t dim) {
   if (first >= last) return;
-  TileState tiles;
+  loragate_amx::UniformTiles tiles;
   Scratch w;
   for (int64_t i = first; i < last; ++i) {
     switch (dim) {

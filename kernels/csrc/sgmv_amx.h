@@ -93,6 +93,19 @@ struct TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
+// Every tile 16 rows of 64 bytes, configured for a parallel task's life and released after it (the AMX
+// linear's blocks, `linear_amx_blocks.h`; the prompt tiles' attention, `prefill_tiles.h`).
+struct UniformTiles {
+  UniformTiles() {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.set(t, 16, 64);
+    cfg.load();
+  }
+  UniformTiles(const UniformTiles&) = delete;
+  UniformTiles& operator=(const UniformTiles&) = delete;
+  ~UniformTiles() { _tile_release(); }
+};
+
 // The tile shapes of one (m, rank) pair, loaded when they change. Tiles: 0 shrink sums [rb x m], 1 A rows
 // [rb x 32], 2 xt pairs [16 x m], 3 v [m x k], 4-5 packed B [k / 2 x 16 pairs], 6-7 expand sums [m x 16].
 class Tiles {
