@@ -22,9 +22,9 @@ namespace pt = loragate_prefill_tiles;
 using PrefillOp = void(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                        const at::Tensor&, const at::Tensor&, double, int64_t);
 
-// Whether this call's prompt rows can run on the tiles.
-bool on_tiles(const at::Tensor& q) {
-  return LORAGATE_AMX && q.scalar_type() == at::kBFloat16 && (q.size(2) == 32 || q.size(2) == 64 || q.size(2) == 128) &&
+// Whether prompt rows of this dtype and head size can run on the tiles here.
+bool on_tiles(c10::ScalarType dtype, int64_t head_dim) {
+  return LORAGATE_AMX && dtype == at::kBFloat16 && (head_dim == 32 || head_dim == 64 || head_dim == 128) &&
          loragate_amx::ready();
 }
 
@@ -54,7 +54,7 @@ void paged_prefill_prompt(at::Tensor out, const at::Tensor& q, const at::Tensor&
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   TORCH_CHECK(qs[seqs] - qs[0] == rows, "paged_prefill_prompt: the query starts span q's rows");
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2), width = block_tables.size(1);
-  const bool tiles = on_tiles(q) && q.size(1) % kv_heads == 0;
+  const bool tiles = on_tiles(q.scalar_type(), q.size(2)) && q.size(1) % kv_heads == 0;
   at::Tensor vector_rows = at::empty({rows}, query_start.options());
   at::Tensor vector_lens = at::empty({rows}, query_start.options());
   int64_t* vr = vector_rows.data_ptr<int64_t>();
@@ -115,8 +115,6 @@ void paged_prefill_prompt(at::Tensor out, const at::Tensor& q, const at::Tensor&
 TORCH_LIBRARY_FRAGMENT(loragate_cpu, m) {
   m.def("paged_prefill_prompt(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor query_start, Tensor context_lens, Tensor prompt_lens, float scale, int window) -> ()");
-  m.def("prefill_tiles_ready(ScalarType dtype, int head_dim) -> bool", [](c10::ScalarType dtype, int64_t head_dim) {
-    return LORAGATE_AMX && dtype == at::kBFloat16 && (head_dim == 32 || head_dim == 64 || head_dim == 128) && loragate_amx::ready();
-  });
+  m.def("prefill_tiles_ready(ScalarType dtype, int head_dim) -> bool", &on_tiles);
   m.impl("paged_prefill_prompt", c10::DispatchKey::CPU, &paged_prefill_prompt);
 }
