@@ -94,8 +94,8 @@ void sgmv_group_shrink(at::Tensor v, const at::Tensor& x, const at::Tensor& plan
   std::vector<int64_t> items;
   for (int64_t i = 0; i < static_cast<int64_t>(plan.work.size()); ++i) {
     items.push_back(i);
-    const Chunk &k = plan.work[i], *next = i + 1 < static_cast<int64_t>(plan.work.size()) ? &plan.work[i + 1] : nullptr;
-    if (next != nullptr && next->slot == k.slot && next->token == k.token + k.rows) ++i;
+    const Chunk &k = plan.work[i], *after = i + 1 < static_cast<int64_t>(plan.work.size()) ? &plan.work[i + 1] : nullptr;
+    if (after != nullptr && after->slot == k.slot && after->token == k.token + k.rows) ++i;
   }
   const int64_t count = static_cast<int64_t>(items.size());
   if (count == 0) return;
@@ -106,7 +106,7 @@ void sgmv_group_shrink(at::Tensor v, const at::Tensor& x, const at::Tensor& plan
     alignas(64) float c[4][16 * 16];
     ChainTiles tiles;
     std::vector<Job> jobs;
-    // The rows of sums in c[i] (rank rows x 16) of `job` over `chunk` into v.
+    // Sums [rank rows x 16] of `job` over chunk k, scaled and rounded, into each row's place of v.
     auto put = [&](const float* sums, const Job& job, const Chunk& k, int64_t slot) {
       const float scale = plan.scales[job.m * plan.slots + slot];
       for (int64_t u = 0; u < k.rows; ++u) {
