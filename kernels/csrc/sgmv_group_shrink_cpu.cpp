@@ -20,9 +20,12 @@ using loragate::from_float;
 #if LORAGATE_AMX
 using bf16 = at::BFloat16;
 
-// One shrink of a work item: module m's rank rows [j0, j0 + rb) of the item's slot.
+// One shrink of a work item: module m's rank rows [j0, j0 + rb) of the item's slot, read from a (rows ld
+// values apart).
 struct Job {
   int64_t m, j0, rb;
+  const bf16* a;
+  int64_t ld;
 };
 
 // The tiles of up to four shrink chains at once. Two chunks (m2 > 0): jobs a and b (tiles 1 and 4: their A
@@ -115,11 +118,6 @@ void sgmv_group_shrink(at::Tensor v, const at::Tensor& x, const at::Tensor& plan
         for (int64_t j = 0; j < job.rb; ++j) out[j] = from_float<bf16>(scale * sums[j * 16 + u]);
       }
     };
-    auto a_rows = [&](const Job* job, int64_t slot) -> const bf16* {
-      if (job == nullptr) return nullptr;
-      const Module& md = mods[job->m];
-      return static_cast<const bf16*>(md.a) + slot * md.a_slot + job->j0 * md.a_row;
-    };
     for (int64_t it = next++; it < count; it = next++) {
       const int64_t first = items[it];
       const int64_t last = it + 1 < count ? items[it + 1] : static_cast<int64_t>(plan.work.size());
@@ -133,15 +131,14 @@ void sgmv_group_shrink(at::Tensor v, const at::Tensor& x, const at::Tensor& plan
       jobs.clear();
       for (int64_t m = 0; m < n; ++m) {
         const int64_t r = plan.ranks[m * plan.slots + slot], rb = r < 16 ? r : 16;
-        for (int64_t j0 = 0; j0 < r; j0 += rb) jobs.push_back({m, j0, rb});
+        const bf16* a = static_cast<const bf16*>(mods[m].a) + slot * mods[m].a_slot;
+        for (int64_t j0 = 0; j0 < r; j0 += rb) jobs.push_back({m, j0, rb, a + j0 * mods[m].a_row, mods[m].a_row});
       }
       const size_t per = k2 ? 2 : 3;  // jobs at a time
       for (size_t q = 0; q < jobs.size(); q += per) {
         const Job* ja = &jobs[q];
         const Job* jb = q + 1 < jobs.size() ? &jobs[q + 1] : nullptr;
         const Job* jc = !k2 && q + 2 < jobs.size() ? &jobs[q + 2] : nullptr;
-        const bf16 *a = a_rows(ja, slot), *b = a_rows(jb, slot), *cc = a_rows(jc, slot);
-        const int64_t lda = mods[ja->m].a_row, ldb = jb ? mods[jb->m].a_row : 0, ldc = jc ? mods[jc->m].a_row : 0;
         tiles.configure(m1, m2, ja->rb, jb ? jb->rb : 0, jc ? jc->rb : 0);
         _tile_zero(0);
         if (k2 || jb) _tile_zero(3);
@@ -150,30 +147,28 @@ void sgmv_group_shrink(at::Tensor v, const at::Tensor& x, const at::Tensor& plan
         for (int64_t d = 0; d < in; d += 32) {
           if (d + loragate_amx::AHEAD < in) {  // A comes from memory in short strided runs: fetch ahead
             const int64_t at = d + loragate_amx::AHEAD;
-            for (int64_t j = 0; j < ja->rb; ++j) __builtin_prefetch(a + j * lda + at, 0, 3);
-            if (jb)
-              for (int64_t j = 0; j < jb->rb; ++j) __builtin_prefetch(b + j * ldb + at, 0, 3);
-            if (jc)
-              for (int64_t j = 0; j < jc->rb; ++j) __builtin_prefetch(cc + j * ldc + at, 0, 3);
+            for (const Job* job : {ja, jb, jc})
+              if (job != nullptr)
+                for (int64_t j = 0; j < job->rb; ++j) __builtin_prefetch(job->a + j * job->ld + at, 0, 3);
           }
-          LORAGATE_TILE_LOAD(1, a + d, lda * 2);
+          LORAGATE_TILE_LOAD(1, ja->a + d, ja->ld * 2);
           LORAGATE_TILE_LOAD(2, xt1 + d / 32 * 256, 64);
           _tile_dpbf16ps(0, 1, 2);
           if (k2) {
             LORAGATE_TILE_LOAD(5, xt2 + d / 32 * 256, 64);
             _tile_dpbf16ps(3, 1, 5);
             if (jb) {
-              LORAGATE_TILE_LOAD(4, b + d, ldb * 2);
+              LORAGATE_TILE_LOAD(4, jb->a + d, jb->ld * 2);
               _tile_dpbf16ps(6, 4, 2);
               _tile_dpbf16ps(7, 4, 5);
             }
           } else {
             if (jb) {
-              LORAGATE_TILE_LOAD(4, b + d, ldb * 2);
+              LORAGATE_TILE_LOAD(4, jb->a + d, jb->ld * 2);
               _tile_dpbf16ps(3, 4, 2);
             }
             if (jc) {
-              LORAGATE_TILE_LOAD(5, cc + d, ldc * 2);
+              LORAGATE_TILE_LOAD(5, jc->a + d, jc->ld * 2);
               _tile_dpbf16ps(6, 5, 2);
             }
           }
